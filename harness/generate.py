@@ -1,0 +1,77 @@
+"""Autoregressive sampling with a KV cache.
+
+Incremental decoding must give the logits a full recompute gives: each step feeds only
+the new token, its keys and values are appended to the cache, and its position is the
+number of real tokens before it (so a left-padded batch decodes like its unpadded rows).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def _check(model, tokens, max_new_tokens, temperature, top_k) -> None:
+    cfg = model.config
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: expected an integer >= 0")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0 (0 = greedy)")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= cfg.d_vocab):
+        raise ValueError(f"top_k={top_k!r} is invalid: expected None or an integer in [1, {cfg.d_vocab}]")
+    if cfg.attention_dir != "causal":
+        raise ValueError("generate needs a causal model: attention_dir='bidirectional' lets every token see the future")
+    model._check_tokens(tokens)
+
+
+def sample(logits: Tensor, temperature: float, top_k: Optional[int],
+           generator: Optional[torch.Generator]) -> Tensor:
+    """Next token ids ``[batch]`` from last-position logits ``[batch, d_vocab]``."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
+
+
+@torch.no_grad()
+def generate(model, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: Optional[int] = None, attention_mask: Optional[Tensor] = None,
+             generator: Optional[torch.Generator] = None, use_cache: bool = True,
+             return_logits: bool = False):
+    """Tokens ``[batch, pos + max_new_tokens]`` (and, with ``return_logits``, the logits that
+    chose each new token, ``[batch, max_new_tokens, d_vocab]``)."""
+    from harness.model import KVCache
+
+    _check(model, tokens, max_new_tokens, temperature, top_k)
+    batch, pos = tokens.shape
+    mask = model._check_mask(attention_mask, batch, pos)
+    if mask is None:
+        mask = torch.ones(batch, pos, dtype=torch.bool, device=tokens.device)
+    if model.config.positional_embedding_type == "standard":
+        last = int(mask.sum(-1).max()) + max_new_tokens - 1
+        if last > model.config.n_ctx:
+            raise ValueError(f"generating {max_new_tokens} tokens reaches position {last - 1}: expected positions "
+                             f"< n_ctx={model.config.n_ctx} for the learned position table")
+    out, steps = tokens, []
+    cache = KVCache(model.config.n_layers) if use_cache else None
+    logits = model(tokens, attention_mask=mask, kv_cache=cache)[:, -1]
+    for i in range(max_new_tokens):
+        steps.append(logits)
+        nxt = sample(logits, temperature, top_k, generator)[:, None]
+        out = torch.cat((out, nxt), dim=1)
+        mask = torch.cat((mask, torch.ones_like(nxt, dtype=torch.bool)), dim=1)
+        if i + 1 == max_new_tokens:
+            break
+        if cache is not None:
+            logits = model(nxt, kv_cache=cache)[:, -1]
+        else:
+            logits = model(out, attention_mask=mask)[:, -1]
+    if return_logits:
+        empty = tokens.new_zeros((batch, 0, model.config.d_vocab), dtype=torch.float32)
+        return out, (torch.stack(steps, dim=1) if steps else empty)
+    return out

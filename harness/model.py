@@ -1,0 +1,273 @@
+"""A from-scratch Transformer with TransformerLens hook points.
+
+Dimension legend (used by every shape comment and einsum in harness/):
+    batch    sequences in a batch
+    pos      positions in a sequence (query_pos / key_pos inside attention)
+    d_model  residual stream width
+    n_heads  attention heads;  d_head  width of one head
+    d_mlp    MLP hidden width
+    d_vocab  vocabulary size
+
+Forward protocol (shared/DESIGN.md): ``forward(tokens, attention_mask=None, position_offset=0)``
+returns logits ``[batch, pos, d_vocab]``. ``attention_mask`` is 1 for a real token and 0
+for padding; a token's position is ``position_offset`` plus the number of real tokens
+before it, so left padding does not move positions.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from harness.config import ModelConfig
+from harness.layers import AttnContext, Block, KVCacheEntry, Norm, hook
+from harness.positions import alibi_bias, alibi_slopes, rotary_cos_sin, sinusoidal_table
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64,
+          "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class KVCache:
+    """Keys and values of every layer plus the padding mask seen so far."""
+
+    def __init__(self, n_layers: int):
+        self.layers = [KVCacheEntry() for _ in range(n_layers)]
+        self.length = 0
+        self.mask: Optional[Tensor] = None  # bool [batch, length]; None = every token real
+
+
+class _BoundConfig:
+    """``model.cfg``: the ModelConfig plus ``device``, which TransformerLens's patching reads.
+
+    The device belongs to the model, not the config, so it is looked up on the parameters.
+    """
+
+    def __init__(self, config: ModelConfig, model: nn.Module):
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "_model", model)
+
+    def __getattr__(self, name: str):
+        return getattr(self._config, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError("model.cfg is read-only; build a new model from config.replace(...)")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._model.parameters()).device
+
+    def __repr__(self) -> str:
+        return repr(self._config)
+
+
+class Transformer(HookedRootModule):
+    """Decoder (causal) or encoder (bidirectional) Transformer following the model protocol."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"Transformer expects a harness.ModelConfig, got {type(cfg).__name__}")
+        self.config = cfg
+        dtype = DTYPES[cfg.dtype]
+        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model, dtype=dtype)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.pos_type = cfg.positional_embedding_type
+        if self.pos_type == "standard":
+            self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model, dtype=dtype)
+        if self.pos_type in ("standard", "sinusoidal"):
+            self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+        if self.pos_type == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        self.blocks = nn.ModuleList([Block(cfg, dtype) for _ in range(cfg.n_layers)])
+        self.has_ln_final = cfg.normalization_type is not None and cfg.norm_placement == "pre"
+        if self.has_ln_final:
+            self.ln_final = Norm(cfg, dtype)
+        self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False, dtype=dtype)
+        if cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight
+        self.reset_parameters()
+        self.setup()
+
+    @property
+    def cfg(self) -> _BoundConfig:
+        return _BoundConfig(self.config, self)
+
+    def reset_parameters(self) -> None:
+        """N(0, init_range) matrices, zero biases, unit norm gains, from a generator seeded by cfg.seed."""
+        gen = torch.Generator().manual_seed(self.config.seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith(".w"):
+                    p.fill_(1.0)
+                elif p.ndim == 1:
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * self.config.init_range)
+
+    # --- TransformerLens weight names ------------------------------------------------
+    @property
+    def W_E(self) -> Tensor:  # [d_vocab, d_model]
+        return self.embed.weight
+
+    @property
+    def W_pos(self) -> Tensor:  # [n_ctx, d_model]
+        if self.pos_type != "standard":
+            raise AttributeError(f"W_pos exists only for learned positions, not {self.pos_type!r}")
+        return self.pos_embed.weight
+
+    @property
+    def W_U(self) -> Tensor:  # [d_model, d_vocab]
+        return self.unembed.weight.T
+
+    @property
+    def b_U(self) -> Tensor:
+        return torch.zeros(self.config.d_vocab, dtype=self.W_E.dtype, device=self.W_E.device)
+
+    # --- input checks ----------------------------------------------------------------
+    def _check_tokens(self, tokens: object) -> None:
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise ValueError(f"tokens have dtype {tokens.dtype}: expected an integer dtype (token ids)")
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens have shape {tuple(tokens.shape)}: expected 2-D [batch, pos]")
+        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens have shape {tuple(tokens.shape)}: expected at least one sequence and one position")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.config.d_vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is out of range: expected ids in [0, {self.config.d_vocab}) (d_vocab)")
+
+    def _check_mask(self, attention_mask: object, batch: int, pos: int) -> Optional[Tensor]:
+        if attention_mask is None:
+            return None
+        if not isinstance(attention_mask, Tensor):
+            raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+        if attention_mask.shape != (batch, pos):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
+                             f"[batch, pos] = {(batch, pos)}")
+        if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
+            raise ValueError(f"attention_mask has dtype {attention_mask.dtype}: expected bool or integer 0/1")
+        if attention_mask.dtype != torch.bool:
+            if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+                raise ValueError("attention_mask has values other than 0 and 1: expected 1 for real tokens, 0 for padding")
+            attention_mask = attention_mask.bool()
+        return attention_mask
+
+    @staticmethod
+    def _check_offset(position_offset: object) -> int:
+        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
+            raise ValueError(f"position_offset={position_offset!r} is invalid: expected an integer >= 0")
+        return position_offset
+
+    # --- positions and masks ---------------------------------------------------------
+    def _context(self, batch: int, q: int, device: torch.device, dtype: torch.dtype,
+                 mask: Optional[Tensor], offset: int, cache: Optional[KVCache]) -> tuple[Tensor, AttnContext]:
+        """Positions ``[batch|1, q]`` of the new tokens and the attention context of this pass."""
+        cfg = self.config
+        past = cache.length if cache is not None else 0
+        key_mask = None  # bool [batch, past + q], True for real keys
+        if mask is not None and bool(mask.all()):
+            mask = None  # an all-ones mask is no mask; keeps the SDPA fast path
+        if mask is not None or (cache is not None and cache.mask is not None):
+            old = cache.mask if cache is not None and cache.mask is not None else \
+                torch.ones(batch, past, dtype=torch.bool, device=device)
+            new = mask if mask is not None else torch.ones(batch, q, dtype=torch.bool, device=device)
+            key_mask = torch.cat((old, new), dim=1)
+        if key_mask is None:
+            k_pos = torch.arange(offset, offset + past + q, device=device)[None]
+        else:
+            k_pos = offset + (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+        q_pos = k_pos[:, past:]
+        if self.pos_type == "standard" and int(q_pos.max()) >= cfg.n_ctx:
+            raise ValueError(f"position {int(q_pos.max())} (position_offset={offset}, {past} cached) is past the "
+                             f"learned position table: expected positions < n_ctx={cfg.n_ctx}")
+        causal = cfg.attention_dir == "causal"
+        allowed = None
+        if key_mask is not None or (causal and past > 0 and q > 1) or self.pos_type == "alibi":
+            k_idx = torch.arange(past + q, device=device)
+            q_idx = torch.arange(past, past + q, device=device)
+            allowed = torch.ones(1, q, past + q, dtype=torch.bool, device=device)
+            if causal:
+                allowed = allowed & (k_idx[None, None, :] <= q_idx[None, :, None])
+            if key_mask is not None:
+                # padded keys get no weight; a padded query still sees itself so its row stays finite
+                allowed = (allowed & key_mask[:, None, :]) | (k_idx[None, None, :] == q_idx[None, :, None])
+            allowed = allowed[:, None]
+        cos = sin = bias = None
+        if self.pos_type == "rotary":
+            cos, sin = rotary_cos_sin(q_pos, cfg.d_head, cfg.rotary_base, dtype)
+            cos, sin = cos[:, :, None], sin[:, :, None]
+        elif self.pos_type == "alibi":
+            bias = alibi_bias(q_pos, k_pos, self.alibi_slopes, dtype)
+        ctx = AttnContext(cos=cos, sin=sin, allowed=allowed, is_causal=causal and q > 1, bias=bias)
+        if cache is not None:
+            cache.mask = key_mask
+        return q_pos, ctx
+
+    # --- forward -----------------------------------------------------------------------
+    def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0, *,
+                start_at_layer: Optional[int] = None, stop_at_layer: Optional[int] = None,
+                kv_cache: Optional[KVCache] = None) -> Tensor:
+        """Logits ``[batch, pos, d_vocab]``.
+
+        TransformerLens-style partial runs: ``stop_at_layer=l`` returns the residual stream
+        entering block l; ``start_at_layer=l`` takes that residual ``[batch, pos, d_model]``
+        in place of ``tokens`` and runs the rest.
+        """
+        cfg = self.config
+        position_offset = self._check_offset(position_offset)
+        n = cfg.n_layers
+        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n):
+                raise ValueError(f"{name}={value!r} is invalid: expected an integer in [0, {n}]")
+        if start_at_layer is None:
+            self._check_tokens(tokens)
+            batch, q = tokens.shape
+            device, dtype = tokens.device, self.embed.weight.dtype
+        else:
+            if not isinstance(tokens, Tensor) or tokens.ndim != 3 or tokens.shape[-1] != cfg.d_model \
+                    or not tokens.dtype.is_floating_point:
+                shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+                raise ValueError(f"with start_at_layer, the input {shape} must be a float residual stream "
+                                 f"[batch, pos, d_model={cfg.d_model}]")
+            batch, q = tokens.shape[:2]
+            device, dtype = tokens.device, tokens.dtype
+        mask = self._check_mask(attention_mask, batch, q)
+        positions, ctx = self._context(batch, q, device, dtype, mask, position_offset, kv_cache)
+
+        if start_at_layer is None:
+            x = hook(self.hook_embed, self.embed(tokens))
+            if self.pos_type == "standard":
+                x = x + hook(self.hook_pos_embed, self.pos_embed(positions).expand(batch, q, -1))
+            elif self.pos_type == "sinusoidal":
+                pe = sinusoidal_table(positions, cfg.d_model, dtype=dtype).expand(batch, q, -1)
+                x = x + hook(self.hook_pos_embed, pe)
+            start_at_layer = 0
+        else:
+            x = tokens
+        stop = n if stop_at_layer is None else stop_at_layer
+        for layer in range(start_at_layer, stop):
+            x = self.blocks[layer](x, ctx, kv_cache.layers[layer] if kv_cache is not None else None)
+        if kv_cache is not None:
+            kv_cache.length += q
+        if stop_at_layer is not None:
+            return x
+        if self.has_ln_final:
+            x = self.ln_final(x)
+        return self.unembed(x)
+
+    def generate(self, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: Optional[int] = None, attention_mask: Optional[Tensor] = None,
+                 generator: Optional[torch.Generator] = None, use_cache: bool = True,
+                 return_logits: bool = False):
+        """Sample ``max_new_tokens`` tokens; see :func:`harness.generate.generate`."""
+        from harness.generate import generate
+
+        return generate(self, tokens, max_new_tokens, temperature=temperature, top_k=top_k,
+                        attention_mask=attention_mask, generator=generator, use_cache=use_cache,
+                        return_logits=return_logits)

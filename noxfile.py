@@ -1,0 +1,52 @@
+"""nox sessions. They run in the current environment (install with `pip install -e '.[test]'`
+after the CPU torch wheel), so a session costs test time, not install time.
+
+    nox                 lint, tests, properties, bench (short)  -- what CI runs
+    nox -s tests        unit, reference-equivalence, mutation and CLI tests
+    nox -s properties   hypothesis property tests over many generated configurations
+    nox -s bench        side-by-side benchmarks, short mode (ATTNLAB_BENCH=full for the full table)
+    nox -s lint         ruff
+    nox -s report       smoke run of `attnlab demo` on a tiny configuration
+    nox -s browser      renders a report in headless Chromium and checks the screenshot
+"""
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["lint", "tests", "properties", "bench"]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    session.run("pytest", "tests", "-m", "not bench and not properties", "-q", *session.posargs,
+                env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
+
+
+@nox.session
+def properties(session: nox.Session) -> None:
+    session.run("pytest", "tests", "-m", "properties", "-q", *session.posargs,
+                env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    session.run("pytest", "tests/bench", "-m", "bench", "-q", "-p", "no:randomly",
+                "--benchmark-columns=min,median,rounds", "--benchmark-sort=name", *session.posargs,
+                env={"ATTNLAB_BENCH": os.environ.get("ATTNLAB_BENCH", "short")})
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.run("ruff", "check", "harness", "probes", "properties", "reports", "tests", "noxfile.py")
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    session.run("pytest", "tests", "-m", "not bench and not properties", "-q", "-k", "report or cli", *session.posargs)
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    session.run("pytest", "tests/test_browser.py", "-q", "-rs", *session.posargs)

@@ -1,0 +1,1 @@
+"""Head redundancy probes (importance, pruning curves, similarity, roles). See the Probes issue."""

@@ -1,0 +1,1 @@
+"""Model-agnostic invariant checks for attention models. See the Property suite issue."""

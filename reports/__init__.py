@@ -1,0 +1,1 @@
+"""Figures, HTML/Markdown reports and the `attnlab` command."""
