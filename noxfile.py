@@ -11,8 +11,11 @@ after the CPU torch wheel), so a session costs test time, not install time.
 """
 
 import os
+import sys
 
 import nox
+
+PY = sys.executable  # the interpreter nox runs under: the project venv, activated or not
 
 nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "tests", "properties", "bench"]
@@ -20,33 +23,34 @@ nox.options.sessions = ["lint", "tests", "properties", "bench"]
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.run("pytest", "tests", "-m", "not bench and not properties", "-q", *session.posargs,
+    session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties", "-q", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
 
 
 @nox.session
 def properties(session: nox.Session) -> None:
-    session.run("pytest", "tests", "-m", "properties", "-q", *session.posargs,
+    session.run(PY, "-m", "pytest", "tests", "-m", "properties", "-q", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    session.run("pytest", "tests/bench", "-m", "bench", "-q", "-p", "no:randomly",
+    session.run(PY, "-m", "pytest", "tests/bench", "-m", "bench", "-q", "-p", "no:randomly",
                 "--benchmark-columns=min,median,rounds", "--benchmark-sort=name", *session.posargs,
                 env={"ATTNLAB_BENCH": os.environ.get("ATTNLAB_BENCH", "short")})
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.run("ruff", "check", "harness", "probes", "properties", "reports", "tests", "noxfile.py")
+    session.run(PY, "-m", "ruff", "check", "harness", "probes", "properties", "reports", "tests", "noxfile.py")
 
 
 @nox.session
 def report(session: nox.Session) -> None:
-    session.run("pytest", "tests", "-m", "not bench and not properties", "-q", "-k", "report or cli", *session.posargs)
+    session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties", "-q", "-k", "report or cli",
+                *session.posargs)
 
 
 @nox.session
 def browser(session: nox.Session) -> None:
-    session.run("pytest", "tests/test_browser.py", "-q", "-rs", *session.posargs)
+    session.run(PY, "-m", "pytest", "tests/test_browser.py", "-q", "-rs", *session.posargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -173,6 +173,6 @@ class ModelConfig(_JSONMixin):
     def default_prepend_bos(self) -> bool:
         return False
 
-    def replace(self, **changes: Any) -> "ModelConfig":
+    def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (configs are never mutated)."""
         return dataclasses.replace(self, **changes)

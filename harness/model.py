@@ -136,7 +136,8 @@ class Transformer(HookedRootModule):
         if tokens.ndim != 2:
             raise ValueError(f"tokens have shape {tuple(tokens.shape)}: expected 2-D [batch, pos]")
         if tokens.shape[0] == 0 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens have shape {tuple(tokens.shape)}: expected at least one sequence and one position")
+            raise ValueError(f"tokens have shape {tuple(tokens.shape)}: "
+                             "expected at least one sequence and one position")
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.config.d_vocab:
             bad = lo if lo < 0 else hi
@@ -154,7 +155,8 @@ class Transformer(HookedRootModule):
             raise ValueError(f"attention_mask has dtype {attention_mask.dtype}: expected bool or integer 0/1")
         if attention_mask.dtype != torch.bool:
             if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-                raise ValueError("attention_mask has values other than 0 and 1: expected 1 for real tokens, 0 for padding")
+                raise ValueError("attention_mask has values other than 0 and 1: "
+                                 "expected 1 for real tokens, 0 for padding")
             attention_mask = attention_mask.bool()
         return attention_mask
 
