@@ -1,0 +1,236 @@
+"""Render a run directory into ``report.html`` (self-contained) and ``report.md`` (its twin).
+
+The HTML embeds every figure as a base64 PNG and carries its own CSS, so it renders offline
+from a single file. Text from configs, paths and tasks is untrusted: the HTML environment
+autoescapes every ``{{ }}`` (jinja2 ``autoescape``), and the Markdown environment passes every
+value through :func:`md_escape` (``finalize``), so a run named ``<script>`` shows as text.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+from markupsafe import Markup
+
+from reports import figures as F
+from reports import rundata
+from reports.rundata import RunData
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    html: Path
+    markdown: Path
+    figures: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class FigureInfo:
+    key: str
+    title: str
+    caption: str
+    file: str  # relative to the run directory (what report.md links)
+    b64: str  # the PNG, base64 (what report.html embeds)
+    width: int
+    height: int
+
+
+# --- escaping and formatting -------------------------------------------------------------------
+def md_escape(value: Any) -> Markup:
+    """Neutralise HTML and table syntax in a value bound for Markdown (renderers pass raw HTML through).
+
+    Markup (a macro's output, already escaped piece by piece) passes unchanged.
+    """
+    if isinstance(value, Markup):
+        return value
+    text = "" if value is None else str(value)
+    text = html.escape(text, quote=False).replace("|", "\\|")
+    return Markup(" ".join(text.splitlines()))
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """Numbers to ``digits`` significant figures; missing values as an em dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e6:
+            return f"{value:,.0f}"
+        if 1e-3 <= abs(value) < 1e5:
+            return f"{value:.{digits}g}"
+        return f"{value:.{max(digits - 1, 1)}e}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt(v, digits) for v in value) if value else "none"
+    return str(value)
+
+
+def pct(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    text = f"{float(value):.1%}"
+    return text.replace(".0%", "%")
+
+
+def _environment(kind: str) -> jinja2.Environment:
+    common: dict[str, Any] = {"loader": jinja2.FileSystemLoader(str(TEMPLATES)), "undefined": jinja2.StrictUndefined,
+                              "trim_blocks": True, "lstrip_blocks": True, "keep_trailing_newline": True}
+    # Both autoescape, so macro output is Markup and is not escaped twice; Markdown swaps the HTML
+    # escaping for md_escape, which also escapes table pipes and leaves quotes readable.
+    env = (jinja2.Environment(autoescape=True, **common) if kind == "html"
+           else jinja2.Environment(autoescape=True, finalize=md_escape, **common))
+    env.filters["fmt"] = fmt
+    env.filters["pct"] = pct
+    return env
+
+
+# --- figures -----------------------------------------------------------------------------------
+def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]]:
+    """(key, title, caption, build) for every figure the data supports, in report order."""
+    specs: list[tuple[str, str, str, Callable[[], Any]]] = [
+        ("training", "Training curves", "Train and validation loss, validation accuracy on the "
+         "task's target positions, and the learning-rate schedule.", lambda: F.training_curves(data.metrics)),
+    ]
+    if data.saturation is not None:
+        specs.append(("saturation", "Softmax saturation versus d_head",
+                      "Freshly initialised attention on unit-variance inputs; log-log axes, band = spread over "
+                      "seeds. Without the 1/sqrt(d_head) scale the score variance grows like d_head and the "
+                      "softmax saturates (Vaswani et al. 2017, section 3.2.1).", lambda: F.saturation(data.saturation)))
+    if data.importance:
+        specs.append(("importance", "Head importance", "Loss change when each head is removed (ablation: output "
+                      "set to zero; mean ablation: replaced by its per-position mean) and the gradient estimate "
+                      "of Michel, Levy & Neubig (2019).", lambda: F.importance_heatmaps(data.importance)))
+    if data.prune_curve is not None:
+        tol = (data.redundancy or {}).get("tolerance", rundata.TOLERANCE)
+        specs.append(("prune_curve", "Pruning curve", "Heads removed cumulatively, least important first, "
+                      "against random order; band = spread over seeds; dashed line = the loss budget of the "
+                      "headline.", lambda: F.prune_curve(data.prune_curve, tolerance=float(tol))))
+    if data.similarity is not None:
+        specs.append(("similarity", "Head similarity", "1 - mean Jensen-Shannon divergence between the heads' "
+                      "attention patterns, ordered by average-linkage clustering.",
+                      lambda: F.similarity_clustermap(data.similarity)))
+    if data.head_roles is not None:
+        specs.append(("head_roles", "Head roles", "Attention mass each head puts on the previous token, on the "
+                      "token after an earlier copy of the current one (induction), on an earlier copy of itself, "
+                      "and on the first position.", lambda: F.head_roles(data.head_roles)))
+    if data.attention_entropy is not None:
+        specs.append(("attention_entropy", "Attention entropy", "Mean entropy of each head's attention rows and "
+                      "its mean largest weight.", lambda: F.attention_entropy(data.attention_entropy)))
+    if data.patterns is not None:
+        specs.append(("patterns", "Attention patterns of the most important heads", "One validation example; "
+                      "rows are queries, columns keys.",
+                      lambda: F.attention_patterns(data.patterns, data.example_tokens)))
+    return specs
+
+
+def _make_figures(data: RunData, fig_dir: Path) -> list[FigureInfo]:
+    from PIL import Image
+
+    fig_dir.mkdir(exist_ok=True)
+    out = []
+    for key, title, caption, build in _figure_specs(data):
+        png = F.save_png(build(), fig_dir / f"{key}.png")
+        with Image.open(fig_dir / f"{key}.png") as im:
+            width, height = im.size
+        out.append(FigureInfo(key, title, caption, f"{rundata.FIGURES_DIR}/{key}.png",
+                              base64.b64encode(png).decode("ascii"), width, height))
+    return out
+
+
+# --- context -----------------------------------------------------------------------------------
+def _records(df: pd.DataFrame) -> list[dict]:
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in df.to_dict("records")]
+
+
+def _properties_rows(df: pd.DataFrame) -> list[dict]:
+    rows = []
+    for r in _records(df):
+        applicable, passed = bool(r["applicable"]), bool(r["passed"])
+        rows.append({**r, "status": "pass" if applicable and passed else "fail" if applicable else "n/a"})
+    order = {"fail": 0, "pass": 1, "n/a": 2}
+    return sorted(rows, key=lambda r: order[r["status"]])
+
+
+def _top_heads(data: RunData, k: int = 8) -> list[dict]:
+    df = data.importance.get("ablation", next(iter(data.importance.values()), None))
+    if df is None:
+        return []
+    top = df.sort_values("importance", ascending=False).head(k)
+    return [{"head": F.head_label(r.layer, r.head), "importance": float(r.importance),
+             "loss_delta": float(r.loss_delta)} for r in top.itertuples()]
+
+
+def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
+    """Everything the templates show (values raw; the templates escape and format)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("attnlab")
+    except PackageNotFoundError:
+        ver = "0+unknown"
+    final = data.metrics.iloc[-1].to_dict() if len(data.metrics) else {}
+    last_val = data.metrics.dropna(subset=["val_loss"])
+    train_rows = [("steps", int(final.get("step", 0))),
+                  ("final train loss", final.get("train_loss")),
+                  ("final validation loss", float(last_val["val_loss"].iloc[-1]) if len(last_val) else None),
+                  ("final validation accuracy", float(last_val["val_accuracy"].iloc[-1]) if len(last_val) else None)]
+    for col, label in (("elapsed_s", "training time (s)"), ("tokens_per_s", "throughput (tokens/s)"),
+                       ("mfu", "model FLOP utilisation")):
+        if col in data.metrics.columns:
+            train_rows.append((label, data.metrics[col].dropna().iloc[-1] if data.metrics[col].notna().any()
+                               else None))
+    slopes = None
+    if data.saturation is not None:
+        sat = data.saturation
+        slopes = [(label, F.loglog_slope(sat[sat["scaled"].astype(bool) == scaled], "score_var"),
+                   F.loglog_slope(sat[sat["scaled"].astype(bool) == scaled], "entropy"))
+                  for scaled, label in ((True, "scaled"), (False, "unscaled"))]
+    return {
+        "name": data.name, "task": data.train_config.task, "run_dir": str(data.run_dir.resolve()), "version": ver,
+        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "headline": rundata.headline(data),
+        "model_config": sorted(data.model_config.to_dict().items()),
+        "train_config": sorted(data.train_config.to_dict().items()),
+        "params": list(data.params.items()),
+        "train_rows": train_rows,
+        "properties": None if data.properties is None else _properties_rows(data.properties),
+        "slopes": slopes,
+        "redundancy": None if data.redundancy is None else sorted(data.redundancy.items()),
+        "top_heads": _top_heads(data),
+        "has_probes": data.has_probes,
+        "figures": {f.key: f for f in figures},
+        "sections": [("headline", "Headline"), ("model", "Model card"), ("training", "Training"),
+                     ("properties", "Properties"), ("saturation", "Softmax saturation"), ("heads", "Heads")],
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def render(run_dir: str | os.PathLike) -> ReportPaths:
+    """Write ``report.html``, ``report.md`` and ``figures/*.png`` into ``run_dir``; returns their paths."""
+    data = rundata.load(run_dir)
+    figs = _make_figures(data, data.run_dir / rundata.FIGURES_DIR)
+    ctx = context(data, figs)
+    html_path, md_path = data.run_dir / "report.html", data.run_dir / "report.md"
+    _atomic_write(html_path, _environment("html").get_template("report.html.j2").render(**ctx))
+    _atomic_write(md_path, _environment("md").get_template("report.md.j2").render(**ctx))
+    return ReportPaths(html_path, md_path, tuple(data.run_dir / f.file for f in figs))

@@ -1,0 +1,206 @@
+"""What a run directory holds, read back into DataFrames for the report.
+
+Every stage writes plain files into the run directory (see shared/DESIGN.md), so the report
+needs no model weights and each stage can be re-run alone::
+
+    run_dir/checkpoint/config.json   model and train config        (attnlab train)
+    run_dir/metrics.csv              training curves               (attnlab train)
+    run_dir/properties.csv           invariant checks              (attnlab check)
+    run_dir/probes/*.csv, *.json     head probes                   (attnlab probe)
+    run_dir/saturation.csv           softmax saturation sweep      (attnlab saturation --out run_dir)
+    run_dir/figures/*.png, report.html, report.md                  (attnlab report)
+
+Stages that have not run leave their section of the report marked "not run" with the command
+that fills it in; a file that exists but is unreadable is an error naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+PROPERTIES_CSV = "properties.csv"
+SATURATION_CSV = "saturation.csv"
+METRICS_CSV = "metrics.csv"
+PROBES_DIR = "probes"
+FIGURES_DIR = "figures"
+IMPORTANCE_METHODS = ("ablation", "mean_ablation", "gradient")
+PROBE_FILES = {
+    **{f"importance_{m}": f"importance_{m}.csv" for m in IMPORTANCE_METHODS},
+    "prune_curve": "prune_curve.csv",
+    "similarity": "similarity_pattern.csv",
+    "head_roles": "head_roles.csv",
+    "attention_entropy": "attention_entropy.csv",
+    "patterns": "patterns.csv",
+    "example": "example_tokens.csv",
+}
+REDUNDANCY_JSON = "redundancy.json"
+TOLERANCE = 0.01  # the prune budget of the headline: loss may rise by at most 1% (relative)
+INDUCTION_THRESHOLD = 0.5  # induction score above which a head counts as an induction head (Olsson et al. 2022)
+
+COLUMNS = {
+    METRICS_CSV: ("step", "lr", "train_loss", "val_loss", "val_accuracy"),
+    PROPERTIES_CSV: ("property", "applicable", "passed", "worst", "tolerance", "counterexample"),
+    SATURATION_CSV: ("d_head", "scaled", "seed", "score_var", "entropy", "max_prob", "jacobian_norm"),
+    "importance": ("layer", "head", "importance", "loss_delta"),
+    "prune_curve": ("order", "seed", "n_pruned", "fraction_pruned", "loss", "accuracy"),
+    "head_roles": ("layer", "head", "previous_token", "induction", "duplicate_token", "first_token"),
+    "attention_entropy": ("layer", "head", "entropy", "max_prob"),
+    "patterns": ("layer", "head", "rank", "query", "key", "weight"),
+    "example": ("position", "token"),
+}
+
+
+def read_csv(path: Path, columns: tuple[str, ...], *, index_col: Optional[int] = None) -> pd.DataFrame:
+    """A CSV file with at least ``columns``; any damage is a ValueError naming the file."""
+    try:
+        df = pd.read_csv(path, index_col=index_col)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not a readable CSV file: {exc}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path} lacks column(s) {missing}: expected {list(columns)}")
+    return df
+
+
+def _optional_csv(path: Path, columns: tuple[str, ...], **kw: Any) -> Optional[pd.DataFrame]:
+    return read_csv(path, columns, **kw) if path.exists() else None
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} should hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def require_run_dir(run_dir: Any) -> Path:
+    """``run_dir`` as a Path if it is an existing folder holding a trained run; else a clear error."""
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise TypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
+    path = Path(run_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"run directory {path} does not exist (create one with `attnlab train --out {path}`)")
+    if not path.is_dir():
+        raise ValueError(f"run directory {path} is a file: expected a folder made by `attnlab train`")
+    return path
+
+
+def parameter_counts(model: Any) -> dict[str, int]:
+    """Parameters by part: embeddings, attention, MLP, norms, unembedding (tied weights counted once)."""
+    seen, counts = set(), {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0, "unembedding": 0}
+    for name, p in model.named_parameters():  # named_parameters already skips a tied duplicate
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        parts = name.split(".")
+        part = ("attention" if "attn" in parts else "mlp" if "mlp" in parts
+                else "norms" if any(x.startswith("ln") for x in parts)
+                else "unembedding" if parts[0] == "unembed" else "embedding")
+        counts[part] += p.numel()
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+@dataclass
+class RunData:
+    """Everything the report shows, as read from one run directory."""
+
+    run_dir: Path
+    name: str
+    model_config: Any
+    train_config: Any
+    params: dict[str, int]
+    metrics: pd.DataFrame
+    properties: Optional[pd.DataFrame] = None
+    saturation: Optional[pd.DataFrame] = None
+    importance: dict[str, pd.DataFrame] = field(default_factory=dict)
+    prune_curve: Optional[pd.DataFrame] = None
+    redundancy: Optional[dict] = None
+    similarity: Optional[pd.DataFrame] = None
+    head_roles: Optional[pd.DataFrame] = None
+    attention_entropy: Optional[pd.DataFrame] = None
+    patterns: Optional[pd.DataFrame] = None
+    example_tokens: Optional[list[int]] = None
+
+    @property
+    def has_probes(self) -> bool:
+        return bool(self.importance) or self.prune_curve is not None or self.head_roles is not None
+
+
+def load(run_dir: Any) -> RunData:
+    """Read a run directory; the checkpoint's config and metrics.csv are required, the rest optional."""
+    import torch
+
+    from harness import Transformer
+    from harness.checkpoint import read_configs
+
+    path = require_run_dir(run_dir)
+    model_cfg, train_cfg = read_configs(path)
+    with torch.device("meta"):  # counting parameters needs shapes, not memory
+        params = parameter_counts(Transformer(model_cfg))
+    metrics = read_csv(path / METRICS_CSV, COLUMNS[METRICS_CSV])
+    probes = path / PROBES_DIR
+    data = RunData(run_dir=path, name=path.resolve().name, model_config=model_cfg, train_config=train_cfg,
+                   params=params, metrics=metrics,
+                   properties=_optional_csv(path / PROPERTIES_CSV, COLUMNS[PROPERTIES_CSV]),
+                   saturation=_optional_csv(path / SATURATION_CSV, COLUMNS[SATURATION_CSV]))
+    for method in IMPORTANCE_METHODS:
+        df = _optional_csv(probes / PROBE_FILES[f"importance_{method}"], COLUMNS["importance"])
+        if df is not None:
+            data.importance[method] = df
+    for key in ("prune_curve", "head_roles", "attention_entropy", "patterns"):
+        setattr(data, key, _optional_csv(probes / PROBE_FILES[key], COLUMNS[key]))
+    data.similarity = _optional_csv(probes / PROBE_FILES["similarity"], (), index_col=0)
+    if data.similarity is not None and list(data.similarity.index) != list(data.similarity.columns):
+        raise ValueError(f"{probes / PROBE_FILES['similarity']} is not a square head-by-head table")
+    example = _optional_csv(probes / PROBE_FILES["example"], COLUMNS["example"])
+    data.example_tokens = None if example is None else [int(t) for t in example.sort_values("position")["token"]]
+    if (probes / REDUNDANCY_JSON).exists():
+        data.redundancy = read_json(probes / REDUNDANCY_JSON)
+    return data
+
+
+def _last(series: pd.Series) -> float:
+    s = series.dropna()
+    return float(s.iloc[-1]) if len(s) else math.nan
+
+
+def induction_heads(head_roles: pd.DataFrame, threshold: float = INDUCTION_THRESHOLD) -> list[str]:
+    strong = head_roles[head_roles["induction"] > threshold].sort_values("induction", ascending=False)
+    return [f"L{int(r.layer)}H{int(r.head)}" for r in strong.itertuples()]
+
+
+def headline(data: RunData) -> dict[str, Any]:
+    """The numbers the report opens with; None where the stage behind one has not run."""
+    out: dict[str, Any] = {
+        "final_accuracy": _last(data.metrics["val_accuracy"]),
+        "final_val_loss": _last(data.metrics["val_loss"]),
+        "steps": int(data.metrics["step"].max()) if len(data.metrics) else 0,
+        "properties_passed": None, "properties_applicable": None, "properties_failed": [],
+        "prunable_fraction": None, "random_prunable_fraction": None, "tolerance": TOLERANCE,
+        "induction_heads": None,
+    }
+    if data.properties is not None:
+        applicable = data.properties[data.properties["applicable"].astype(bool)]
+        passed = applicable["passed"].astype(bool)
+        out.update(properties_passed=int(passed.sum()), properties_applicable=len(applicable),
+                   properties_failed=list(applicable.loc[~passed, "property"].astype(str)))
+    if data.redundancy is not None:
+        out["prunable_fraction"] = data.redundancy.get("prunable_fraction")
+        out["random_prunable_fraction"] = data.redundancy.get("random_prunable_fraction")
+        out["tolerance"] = data.redundancy.get("tolerance", TOLERANCE)
+    if data.head_roles is not None:
+        out["induction_heads"] = induction_heads(data.head_roles)
+    return out
