@@ -1,1 +1,42 @@
-"""Model-agnostic invariant checks for attention models. See the Property suite issue."""
+"""Model-agnostic invariant checks for attention models.
+
+Every check talks to a model only through the model protocol (shared/DESIGN.md): ``cfg``
+fields, ``forward(tokens, attention_mask=None, position_offset=0)`` and TransformerLens hook
+names. ``check_model(model)`` runs them all and returns a table, one row per property;
+each property is also a function returning a :class:`PropertyResult`. Hugging Face GPT-2 or
+Llama models go through TransformerLens's ``TransformerBridge`` and :class:`BridgeAdapter`.
+
+    >>> import properties
+    >>> properties.check_model(model)                      # doctest: +SKIP
+    >>> properties.check_model(properties.BridgeAdapter.from_hf(hf_model))   # doctest: +SKIP
+"""
+
+from properties.bridge import BridgeAdapter, ProtocolConfig
+from properties.checks import (
+    attention_scale,
+    batch_independence,
+    causal_outputs,
+    causal_pattern,
+    kv_cache,
+    padding_outputs,
+    padding_pattern,
+    pattern_distribution,
+    permutation_equivariance,
+    relative_position,
+    rotary_formula,
+    rotary_norm,
+    sinusoidal_formula,
+    sinusoidal_shift,
+)
+from properties.protocol import check_protocol, required_hooks
+from properties.saturation import saturation_sweep
+from properties.search import PropertyResult
+from properties.suite import PROPERTIES, check_model
+
+__all__ = [
+    "check_model", "check_protocol", "required_hooks", "PROPERTIES", "PropertyResult",
+    "BridgeAdapter", "ProtocolConfig", "saturation_sweep",
+    "attention_scale", "batch_independence", "causal_outputs", "causal_pattern", "kv_cache",
+    "padding_outputs", "padding_pattern", "pattern_distribution", "permutation_equivariance",
+    "relative_position", "rotary_formula", "rotary_norm", "sinusoidal_formula", "sinusoidal_shift",
+]

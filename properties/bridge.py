@@ -1,0 +1,120 @@
+"""Adapter that makes a TransformerLens ``TransformerBridge`` follow the model protocol.
+
+The bridge wraps a Hugging Face model and, in compatibility mode, exposes TransformerLens
+hook names (``blocks.0.attn.hook_pattern`` ...), but its ``forward`` takes Hugging Face
+arguments and its ``cfg`` is a ``TransformerBridgeConfig``. :class:`BridgeAdapter` is a
+``HookedRootModule`` whose hook names are the bridge's own hook points (the same objects,
+so a hook attached through the adapter fires inside the bridge), whose ``cfg`` carries the
+protocol fields, and whose ``forward`` turns the protocol's ``position_offset`` and padding
+rule into Hugging Face ``position_ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+
+from properties.protocol import ATTENTION_DIRS, POSITIONAL_TYPES
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """The ``cfg`` fields the model protocol names, read off a bridge's config."""
+
+    n_layers: int
+    n_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    positional_embedding_type: str
+    attention_dir: str
+    normalization_type: Optional[str] = None
+    n_key_value_heads: Optional[int] = None
+
+
+def _is_bridge(obj: Any) -> bool:
+    return isinstance(obj, nn.Module) and hasattr(obj, "hook_dict") and hasattr(obj, "original_model")
+
+
+class BridgeAdapter(HookedRootModule):
+    """A ``TransformerBridge`` (compatibility mode) behind the protocol's forward, cfg and hook names.
+
+    ``forward(tokens, attention_mask=None, position_offset=0)`` passes
+    ``position_ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)``: a token's position is
+    the offset plus the number of real tokens before it, so left padding does not move positions
+    (Hugging Face models otherwise number positions by index).
+    """
+
+    def __init__(self, bridge: nn.Module):
+        super().__init__()
+        if not _is_bridge(bridge):
+            raise TypeError(f"BridgeAdapter expects a transformer_lens TransformerBridge, got {type(bridge).__name__}")
+        if "blocks.0.attn.hook_pattern" not in bridge.hook_dict:
+            bridge.enable_compatibility_mode()  # TransformerLens hook names live in compatibility mode
+        self.bridge = bridge
+        self._cfg = self._read_cfg(bridge.cfg)
+        self.setup()
+
+    @staticmethod
+    def _read_cfg(cfg: Any) -> ProtocolConfig:
+        pos = getattr(cfg, "positional_embedding_type", None)
+        direction = getattr(cfg, "attention_dir", "causal")
+        if pos not in POSITIONAL_TYPES:
+            raise TypeError(f"bridge cfg.positional_embedding_type={pos!r} is not one of {list(POSITIONAL_TYPES)}")
+        if direction not in ATTENTION_DIRS:
+            raise TypeError(f"bridge cfg.attention_dir={direction!r} is not one of {list(ATTENTION_DIRS)}")
+        return ProtocolConfig(n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_head=cfg.d_head, d_model=cfg.d_model,
+                              d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, positional_embedding_type=pos,
+                              attention_dir=direction, normalization_type=getattr(cfg, "normalization_type", None),
+                              n_key_value_heads=getattr(cfg, "n_key_value_heads", None))
+
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module, architecture: Optional[str] = None) -> BridgeAdapter:
+        """Wrap an in-memory Hugging Face causal LM (e.g. ``GPT2LMHeadModel``, ``LlamaForCausalLM``).
+
+        The bridge replaces submodules of ``hf_model`` in place (TransformerLens's builder does),
+        so pass a model you do not need unwrapped afterwards.
+        """
+        from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+        if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
+            raise TypeError(f"from_hf expects a Hugging Face PreTrainedModel, got {type(hf_model).__name__}")
+        arch = architecture or (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
+        bridge = build_bridge_from_module(hf_model.eval(), arch, hf_config=hf_model.config)
+        bridge.enable_compatibility_mode()
+        return cls(bridge)
+
+    def setup(self) -> None:
+        # The bridge's hook points keep their own names (HookedRootModule.setup would rename them
+        # "bridge.blocks..."), so the adapter's dictionaries are the bridge's, aliases included.
+        self.mod_dict = dict(self.bridge.mod_dict)
+        self.hook_dict = dict(self.bridge.hook_dict)
+
+    @property
+    def cfg(self) -> ProtocolConfig:
+        return self._cfg
+
+    def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0) -> Tensor:
+        cfg = self._cfg
+        if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
+        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
+            raise ValueError(f"position_offset={position_offset!r} is invalid: expected an integer >= 0")
+        if attention_mask is None:
+            mask = torch.ones_like(tokens)
+        else:
+            if tuple(attention_mask.shape) != tuple(tokens.shape):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
+                                 f"[batch, pos] = {tuple(tokens.shape)}")
+            mask = attention_mask.long()
+        position_ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)
+        if cfg.positional_embedding_type == "standard" and int(position_ids.max()) >= cfg.n_ctx:
+            raise ValueError(f"position {int(position_ids.max())} is past the learned position table: "
+                             f"expected positions < n_ctx={cfg.n_ctx}")
+        return self.bridge(tokens, attention_mask=mask, position_ids=position_ids)

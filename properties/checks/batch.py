@@ -1,0 +1,34 @@
+"""Batch independence: each sequence's logits do not depend on the other sequences in the batch.
+
+Catches normalization or pooling over the batch axis. Deviation: scaled logit difference
+between the batched run and each row run alone (``_common.LOGIT_RTOL``).
+"""
+
+from __future__ import annotations
+
+from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
+from properties.protocol import check_protocol, run
+from properties.search import PropertyResult, search
+from properties.strategies import token_batches
+
+NAME = "batch_independence"
+
+
+def batch_independence(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+    """``f(x)[i] == f(x[i:i+1])[0]`` for every row i of a batch of 2-3 sequences."""
+    check_protocol(model)
+    cfg = model.cfg
+
+    def measure(x):
+        batched, _ = run(model, x)
+        worst, where = 0.0, "rows independent"
+        for r in range(x.shape[0]):
+            alone, _ = run(model, x[r:r + 1])
+            dev, idx = scaled_deviation(batched[r], alone[0])
+            if dev >= worst:
+                worst, where = dev, f"row {r}: logits differ by {fmt(dev)} at (pos, vocab)={idx}"
+        return worst, where
+
+    strategy = token_batches(cfg.d_vocab, min_batch=2, max_batch=3, max_len=max_len(cfg))
+    return search(NAME, LOGIT_RTOL, strategy, measure, lambda x: f"tokens={x.tolist()}",
+                  seed=seed, max_examples=max_examples)

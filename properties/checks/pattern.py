@@ -1,0 +1,57 @@
+"""The attention pattern is a probability distribution over keys (softmax, Vaswani et al. 2017 eq. 1).
+
+For every real query (padded queries are exempt), each layer's and head's row of
+``hook_pattern`` is non-negative and sums to 1 over the key axis. Deviation:
+``max(|row sum - 1|, max(-weight))``. Tolerance 1e-5: a float32 softmax row of n <= 16
+weights, each with relative error ~2^-24, sums to 1 within n * 2^-24 ~ 1e-6.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from properties.checks._common import fmt, max_len
+from properties.protocol import check_protocol, run
+from properties.search import PropertyResult, search
+from properties.strategies import padded_batches, token_batches
+
+NAME = "pattern_distribution"
+TOLERANCE = 1e-5
+
+
+def pattern_distribution(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+    """Every real query's ``hook_pattern`` row is non-negative and sums to 1, with or without padding."""
+    check_protocol(model)
+    cfg = model.cfg
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
+    n = max_len(cfg)
+    unpadded = token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))
+    strategies = [unpadded]
+    if n >= 2:
+        padded = padded_batches(cfg.d_vocab, max_len=max(1, n // 2), max_pad=max(1, n - n // 2))
+        strategies.append(padded.map(lambda p: (p.tokens, p.mask)))
+    strategy = st.one_of(*strategies)
+
+    def measure(example):
+        x, mask = example
+        _, acts = run(model, x, attention_mask=mask, capture=names)
+        real = mask.bool() if mask is not None else x.new_ones(x.shape, dtype=bool)
+        worst, where = 0.0, "every row is a distribution"
+        for layer, name in enumerate(names):
+            p = acts[name].double()  # [batch, n_heads, q, k]
+            row_err = (p.sum(-1) - 1).abs()  # [batch, n_heads, q]
+            neg = (-p).clamp(min=0).amax(-1)
+            err = row_err.maximum(neg).nan_to_num(nan=float("inf"))
+            err = err.where(real[:, None, :], err.new_zeros(()))  # padded queries are exempt
+            if float(err.max()) > worst:
+                worst = float(err.max())
+                b, h, q = (int(i) for i in (err == err.max()).nonzero()[0])
+                where = (f"layer {layer} head {h} query {q} (row {b}): row sums to {fmt(float(p[b, h, q].sum()))}, "
+                         f"min weight {fmt(float(p[b, h, q].min()))}")
+        return worst, where
+
+    def describe(example):
+        x, mask = example
+        return f"tokens={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
+
+    return search(NAME, TOLERANCE, strategy, measure, describe, seed=seed, max_examples=max_examples)

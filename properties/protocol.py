@@ -1,0 +1,155 @@
+"""The model protocol (shared/DESIGN.md) as a check, and the helpers that talk to a model through it.
+
+Everything in :mod:`properties` reaches a model only through what this module checks:
+``cfg`` fields, ``forward(tokens, attention_mask=None, position_offset=0)`` and named hook
+points. A model that lacks a piece gets one TypeError that lists every missing piece.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+from transformer_lens import HookedRootModule
+
+CFG_FIELDS = ("n_layers", "n_heads", "d_head", "d_model", "d_vocab", "n_ctx",
+              "positional_embedding_type", "attention_dir")
+POSITIONAL_TYPES = ("standard", "sinusoidal", "rotary", "alibi", "none")
+ATTENTION_DIRS = ("causal", "bidirectional")
+# The attention hook points every layer must expose; the property checks read q/k/scores/pattern,
+# and probes gate heads through hook_z.
+ATTN_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
+ROTARY_HOOKS = ("hook_rot_q", "hook_rot_k")
+BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_post")
+
+
+def required_hooks(cfg: Any) -> list[str]:
+    """The hook point names :func:`check_protocol` requires of a model with this ``cfg``."""
+    names = []
+    for layer in range(cfg.n_layers):
+        names += [f"blocks.{layer}.{h}" for h in BLOCK_HOOKS]
+        attn = list(ATTN_HOOKS) + (list(ROTARY_HOOKS) if cfg.positional_embedding_type == "rotary" else [])
+        names += [f"blocks.{layer}.attn.{h}" for h in attn]
+    if cfg.positional_embedding_type in ("standard", "sinusoidal"):
+        names.append("hook_pos_embed")
+    return names
+
+
+def _cfg_problems(model: Any) -> list[str]:
+    cfg = getattr(model, "cfg", None)
+    if cfg is None:
+        return ["no attribute cfg"]
+    problems = []
+    for name in CFG_FIELDS:
+        if not hasattr(cfg, name):
+            problems.append(f"no cfg.{name}")
+    if problems:
+        return problems
+    for name in ("n_layers", "n_heads", "d_head", "d_model", "d_vocab", "n_ctx"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"cfg.{name}={value!r} is not an integer >= 1")
+    if cfg.positional_embedding_type not in POSITIONAL_TYPES:
+        problems.append(f"cfg.positional_embedding_type={cfg.positional_embedding_type!r} is not one of "
+                        f"{list(POSITIONAL_TYPES)}")
+    if cfg.attention_dir not in ATTENTION_DIRS:
+        problems.append(f"cfg.attention_dir={cfg.attention_dir!r} is not one of {list(ATTENTION_DIRS)}")
+    return problems
+
+
+def _forward_problems(model: HookedRootModule) -> list[str]:
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return ["forward has no inspectable signature"]
+    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return [f"forward has no {name!r} argument" for name in ("attention_mask", "position_offset")
+            if name not in params and not has_var_kw]
+
+
+def check_protocol(model: Any) -> None:
+    """Raise TypeError listing every piece of the model protocol that ``model`` lacks.
+
+    Checks the class (a ``transformer_lens.HookedRootModule`` with ``setup()`` called), the
+    ``cfg`` fields and their values, the ``forward`` arguments, the hook points the property
+    checks read, and that a two-token forward pass returns logits ``[batch, pos, d_vocab]``.
+    """
+    if not isinstance(model, HookedRootModule):
+        hint = " (wrap a TransformerBridge with properties.BridgeAdapter)" if hasattr(model, "original_model") else ""
+        raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
+                        f"it is not a transformer_lens.HookedRootModule{hint}")
+    missing = _cfg_problems(model)
+    hook_dict = getattr(model, "hook_dict", None)
+    if hook_dict is None:
+        missing.append("no hook_dict (call setup() at the end of __init__)")
+    missing += _forward_problems(model)
+    if not missing:
+        missing += [f"no hook point {name}" for name in required_hooks(model.cfg) if name not in hook_dict]
+    if not missing:
+        missing += _smoke_problems(model)
+    if missing:
+        raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
+                        + "; ".join(missing))
+
+
+def _smoke_problems(model: HookedRootModule) -> list[str]:
+    cfg = model.cfg
+    n = min(2, cfg.n_ctx)
+    tokens = torch.zeros(1, n, dtype=torch.long, device=model_device(model))
+    try:
+        with torch.no_grad():
+            logits = model(tokens, attention_mask=torch.ones_like(tokens), position_offset=0)
+    except TypeError as exc:
+        return [f"forward(tokens, attention_mask=..., position_offset=0) raised TypeError: {exc}"]
+    if not isinstance(logits, Tensor) or tuple(logits.shape) != (1, n, cfg.d_vocab):
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        return [f"forward returned {got}, expected logits [batch, pos, d_vocab] = {(1, n, cfg.d_vocab)}"]
+    return []
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+class _Saver:
+    def __init__(self, store: dict, name: str):
+        self.store, self.name = store, name
+
+    def __call__(self, tensor: Tensor, hook: Any) -> None:
+        # clone: an implementation may reuse or modify the buffer after the hook returns
+        self.store[self.name] = tensor.detach().clone()
+
+
+@torch.no_grad()
+def run(model: HookedRootModule, tokens: Tensor, *, attention_mask: Optional[Tensor] = None,
+        position_offset: int = 0, capture: Iterable[str] = ()) -> tuple[Tensor, dict[str, Tensor]]:
+    """Logits (float64) and the activations at the ``capture`` hook points (as the model produced them).
+
+    Hooks are attached with ``model.hooks`` so they are removed even if the forward pass raises.
+    """
+    store: dict[str, Tensor] = {}
+    device = model_device(model)
+    tokens = tokens.to(device)
+    mask = attention_mask.to(device) if attention_mask is not None else None
+    with model.hooks(fwd_hooks=[(name, _Saver(store, name)) for name in capture]):
+        logits = model(tokens, attention_mask=mask, position_offset=position_offset)
+    return logits.detach().to("cpu", torch.float64), {k: v.to("cpu") for k, v in store.items()}
+
+
+def all_heads(x: Tensor, n_heads: int) -> Tensor:
+    """``[batch, pos, h, d_head]`` -> ``[batch, pos, n_heads, d_head]``, repeating grouped-query K/V heads.
+
+    Grouped-query attention (Ainslie et al. 2023) lets query head h use K/V head
+    h // (n_heads / n_kv); a model may expose the n_kv heads unrepeated (HF Llama does).
+    """
+    h = x.shape[2]
+    if h == n_heads:
+        return x
+    if n_heads % h:
+        raise TypeError(f"hook tensor has {h} heads, which does not divide cfg.n_heads={n_heads}")
+    return x.repeat_interleave(n_heads // h, dim=2)

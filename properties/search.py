@@ -1,0 +1,99 @@
+"""One property = one hypothesis search for an input whose deviation exceeds a tolerance.
+
+:func:`search` runs ``measure`` on inputs drawn from a strategy, records the largest
+deviation seen, steers the search towards large deviations (``hypothesis.target``) and,
+when an input breaks the tolerance, lets hypothesis shrink it to a minimal one, whose
+description becomes the ``counterexample``. The search is seeded by ``seed`` (which
+overrides the profile's derandomization), so a result is reproducible; ``max_examples``
+defaults to the loaded hypothesis profile's (``ci`` 25, ``dev`` 50, ``thorough`` 500).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
+from hypothesis import seed as hypothesis_seed
+from hypothesis.strategies import SearchStrategy
+
+
+@dataclass(frozen=True)
+class PropertyResult:
+    """One row of :func:`properties.check_model`'s table.
+
+    ``worst`` is the largest deviation seen (NaN when not applicable), in the unit the
+    property's docstring gives; ``passed`` is None when the property does not apply.
+    """
+
+    property: str
+    applicable: bool
+    passed: Optional[bool]
+    worst: float
+    tolerance: float
+    counterexample: str = ""
+
+    @classmethod
+    def not_applicable(cls, name: str, tolerance: float) -> PropertyResult:
+        return cls(name, False, None, math.nan, tolerance, "")
+
+
+class Violation(Exception):
+    """Raised inside the search when an input breaks the tolerance (caught by :func:`search`)."""
+
+    def __init__(self, deviation: float, description: str):
+        super().__init__(description)
+        self.deviation = deviation
+        self.description = description
+
+
+def check_search_args(seed: Any, max_examples: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed={seed!r} is invalid: expected an integer >= 0")
+    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
+                                     or max_examples < 1):
+        raise ValueError(f"max_examples={max_examples!r} is invalid: expected None or an integer >= 1")
+
+
+Measure = Callable[[Any], tuple[float, str]]
+
+
+def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measure,
+           describe: Callable[[Any], str], *, seed: int, max_examples: Optional[int]) -> PropertyResult:
+    """Search ``strategy`` for an input with ``measure(x)[0] > tolerance``.
+
+    ``measure`` returns (deviation, where): the deviation (NaN counts as a failure) and a short
+    note on where it occurred; ``describe`` turns an input into a short string.
+    """
+    check_search_args(seed, max_examples)
+    worst = [0.0]
+
+    def prop(example: Any) -> None:
+        deviation, where = measure(example)
+        deviation = float(deviation)
+        if math.isnan(deviation):
+            deviation = math.inf
+        worst[0] = max(worst[0], deviation)
+        target(min(deviation, 1e300), label=name)  # hill-climb towards larger deviations
+        if deviation > tolerance:
+            raise Violation(deviation, f"{describe(example)}: {where}")
+
+    configured = settings(
+        max_examples=max_examples or settings.default.max_examples,
+        database=None,  # a property run must not read or write a project's example database
+        deadline=None,
+        derandomize=False,  # the seed decides
+        phases=(Phase.explicit, Phase.generate, Phase.target, Phase.shrink),
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        print_blob=False,
+    )
+    test = configured(hypothesis_seed(seed)(given(strategy)(prop)))
+    try:
+        test()
+    except Violation as v:  # hypothesis re-raises the shrunk (minimal) failing example last
+        return PropertyResult(name, True, False, worst[0], tolerance, v.description)
+    return PropertyResult(name, True, True, worst[0], tolerance, "")

@@ -1,0 +1,207 @@
+"""Hypothesis strategies for property tests, and the settings profiles.
+
+Every strategy validates its arguments (ValueError naming the value) and says what it
+shrinks towards, so a failing example is reported in its simplest form.
+
+Profiles, chosen by the ``HYPOTHESIS_PROFILE`` environment variable through :func:`load_profile`:
+``ci`` (derandomized, 25 examples), ``dev`` (50 random examples) and ``thorough`` (500).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from torch import Tensor
+
+from harness.config import ModelConfig
+
+PROFILES = {
+    "ci": dict(derandomize=True, max_examples=25, deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]),
+    "dev": dict(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+    "thorough": dict(max_examples=500, deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]),
+}
+
+
+def register_profiles() -> None:
+    """Register ``ci``, ``dev`` and ``thorough`` with hypothesis (idempotent)."""
+    for name, kwargs in PROFILES.items():
+        settings.register_profile(name, **kwargs)
+
+
+def load_profile(name: Optional[str] = None) -> str:
+    """Load the profile ``name`` (default: ``$HYPOTHESIS_PROFILE``, else ``dev``) and return its name."""
+    register_profiles()
+    name = name or os.environ.get("HYPOTHESIS_PROFILE", "dev")
+    if name not in PROFILES:
+        raise ValueError(f"hypothesis profile {name!r} is unknown: expected one of {sorted(PROFILES)}")
+    settings.load_profile(name)
+    return name
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {minimum}")
+
+
+def _check_range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
+    if hi < lo:
+        raise ValueError(f"{hi_name}={hi} is invalid: expected >= {lo_name}={lo}")
+
+
+def _check_subset(name: str, values: object, allowed: tuple) -> tuple:
+    values = tuple(values)  # type: ignore[arg-type]
+    if not values or any(v not in allowed for v in values):
+        raise ValueError(f"{name}={values!r} is invalid: expected a non-empty subset of {list(allowed)}")
+    return values
+
+
+# --- model configurations -------------------------------------------------------------------
+
+def model_configs(*, positional_types=("none", "standard", "sinusoidal", "rotary", "alibi"),
+                  attention_dirs=("causal", "bidirectional"), normalization_types=("LN", "RMS"),
+                  norm_placements=("pre", "post"), max_layers: int = 2, d_models=(16, 32),
+                  variants: bool = True, d_vocab: int = 32, n_ctx: int = 32):
+    """Small valid :class:`harness.ModelConfig`s.
+
+    Shrinks towards the first entry of each choice list, one layer, the smallest d_model
+    and no variants. With ``variants`` it also draws grouped-query attention, gated MLPs,
+    attention-only blocks, ``use_attn_result``, tied embeddings and bias-free layers.
+    """
+    from harness.config import ATTENTION_DIRS, NORM_PLACEMENTS, NORMALIZATION_TYPES, POSITIONAL_TYPES
+
+    positional_types = _check_subset("positional_types", positional_types, POSITIONAL_TYPES)
+    attention_dirs = _check_subset("attention_dirs", attention_dirs, ATTENTION_DIRS)
+    normalization_types = _check_subset("normalization_types", normalization_types, NORMALIZATION_TYPES)
+    norm_placements = _check_subset("norm_placements", norm_placements, NORM_PLACEMENTS)
+    _check_int("max_layers", max_layers, 1)
+    _check_int("d_vocab", d_vocab, 2)
+    _check_int("n_ctx", n_ctx, 2)
+    d_models = tuple(d_models)
+    if not d_models or any(isinstance(d, bool) or not isinstance(d, int) or d < 8 or d % 8 for d in d_models):
+        raise ValueError(f"d_models={d_models!r} is invalid: expected multiples of 8 (4 heads of even width)")
+
+    @st.composite
+    def build(draw) -> ModelConfig:
+        norm = draw(st.sampled_from(normalization_types))
+        placements = norm_placements if norm is not None else tuple(p for p in norm_placements if p == "pre")
+        if not placements:
+            placements = ("pre",)
+        d_model = draw(st.sampled_from(d_models))
+        n_heads = draw(st.sampled_from((4, 2)))
+        extra = {}
+        if variants:
+            extra = dict(
+                n_key_value_heads=draw(st.sampled_from((None, n_heads // 2))),
+                gated_mlp=draw(st.booleans()), attn_only=draw(st.booleans()),
+                use_attn_result=draw(st.booleans()), tie_embeddings=draw(st.booleans()),
+                attn_bias=not draw(st.booleans()), mlp_bias=not draw(st.booleans()),
+                act_fn=draw(st.sampled_from(("gelu", "relu", "silu", "gelu_new"))),
+            )
+        return ModelConfig(
+            n_layers=draw(st.integers(1, max_layers)), d_model=d_model, n_heads=n_heads, d_vocab=d_vocab,
+            n_ctx=n_ctx, positional_embedding_type=draw(st.sampled_from(positional_types)),
+            attention_dir=draw(st.sampled_from(attention_dirs)), normalization_type=norm,
+            norm_placement=draw(st.sampled_from(placements)), seed=draw(st.integers(0, 2**16)), **extra,
+        )
+
+    return build()
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+def token_lists(d_vocab: int, *, min_len: int = 1, max_len: int = 8):
+    """One sequence of token ids in ``[0, d_vocab)`` as a list; shrinks towards ``[0] * min_len``."""
+    _check_int("d_vocab", d_vocab, 1)
+    _check_int("min_len", min_len, 1)
+    _check_int("max_len", max_len, 1)
+    _check_range("min_len", min_len, "max_len", max_len)
+    return st.lists(st.integers(0, d_vocab - 1), min_size=min_len, max_size=max_len)
+
+
+def token_batches(d_vocab: int, *, min_batch: int = 1, max_batch: int = 3, min_len: int = 1, max_len: int = 8):
+    """Token ids ``[batch, pos]`` (int64); shrinks towards one short sequence of zeros."""
+    _check_int("min_batch", min_batch, 1)
+    _check_int("max_batch", max_batch, 1)
+    _check_range("min_batch", min_batch, "max_batch", max_batch)
+    token_lists(d_vocab, min_len=min_len, max_len=max_len)  # validates the rest
+
+    @st.composite
+    def build(draw) -> Tensor:
+        n = draw(st.integers(min_len, max_len))
+        rows = draw(st.lists(st.lists(st.integers(0, d_vocab - 1), min_size=n, max_size=n),
+                             min_size=min_batch, max_size=max_batch))
+        return torch.tensor(rows, dtype=torch.long)
+
+    return build()
+
+
+def permutations(n: int):
+    """A permutation of ``range(n)`` as an int64 tensor; shrinks towards the identity."""
+    _check_int("n", n, 1)
+    return st.permutations(list(range(n))).map(lambda p: torch.tensor(p, dtype=torch.long))
+
+
+def position_offsets(max_offset: int, *, min_offset: int = 0):
+    """A position offset in ``[min_offset, max_offset]``; shrinks towards ``min_offset``."""
+    _check_int("min_offset", min_offset, 0)
+    _check_int("max_offset", max_offset, 0)
+    _check_range("min_offset", min_offset, "max_offset", max_offset)
+    return st.integers(min_offset, max_offset)
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """Rows of real tokens padded to one length: ``tokens``/``mask`` ``[batch, pos]`` (mask 1 = real)."""
+
+    rows: tuple[tuple[int, ...], ...]
+    sides: tuple[str, ...]
+    tokens: Tensor
+    mask: Tensor
+
+    def real_positions(self, row: int) -> Tensor:
+        return self.mask[row].nonzero().flatten()
+
+    def describe(self) -> str:
+        return f"tokens={self.tokens.tolist()} mask={self.mask.tolist()}"
+
+
+def padded_batches(d_vocab: int, *, max_batch: int = 2, max_len: int = 6, max_pad: int = 4,
+                   sides=("left", "right")):
+    """Rows of 1..``max_len`` real tokens, each padded on a random side with random pad ids.
+
+    Every row is padded to the longest row plus 1..``max_pad`` extra pads, so at least one
+    pad is present in every row. Shrinks towards one row, one token, one pad, the first side
+    and pad id 0.
+    """
+    _check_int("max_batch", max_batch, 1)
+    _check_int("max_pad", max_pad, 1)
+    sides = _check_subset("sides", sides, ("left", "right"))
+    rows_st = token_lists(d_vocab, max_len=max_len)
+
+    @st.composite
+    def build(draw) -> PaddedBatch:
+        rows = draw(st.lists(rows_st, min_size=1, max_size=max_batch))
+        total = max(len(r) for r in rows) + draw(st.integers(1, max_pad))
+        tokens, mask, row_sides = [], [], []
+        for r in rows:
+            side = draw(st.sampled_from(sides))
+            pads = draw(st.lists(st.integers(0, d_vocab - 1), min_size=total - len(r), max_size=total - len(r)))
+            real, fill = list(r), [1] * len(r)
+            if side == "left":
+                tokens.append(pads + real)
+                mask.append([0] * len(pads) + fill)
+            else:
+                tokens.append(real + pads)
+                mask.append(fill + [0] * len(pads))
+            row_sides.append(side)
+        return PaddedBatch(tuple(tuple(r) for r in rows), tuple(row_sides),
+                           torch.tensor(tokens, dtype=torch.long), torch.tensor(mask, dtype=torch.long))
+
+    return build()

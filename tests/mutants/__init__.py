@@ -1,0 +1,1 @@
+"""Deliberately broken attention models that the property suite must flag (see catalogue.py)."""

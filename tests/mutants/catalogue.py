@@ -1,0 +1,170 @@
+"""The mutation catalogue: deliberately broken attention models, one planted bug each.
+
+Each mutant subclasses the reference in ``base.py`` and overrides one step. ``must_flag`` names
+the properties that, by the argument in the docstring, have to catch it; the test checks those
+and records every other property that also fires (the kill matrix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tests.mutants.base import RefAttention, RefConfig, RefModel, RefNorm, rope, sinusoids
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    model_cls: type
+    cfg: RefConfig
+    must_flag: tuple[str, ...]
+    bug: str
+
+    def build(self) -> RefModel:
+        return self.model_cls(self.cfg)
+
+
+# --- mask bugs -------------------------------------------------------------------------------
+
+class OffByOneMaskAttention(RefAttention):
+    def allowed(self, q_idx, k_idx, key_mask):
+        ok = (k_idx[None, :] <= q_idx[:, None] + 1)[None] & key_mask[:, None, :]  # sees one key ahead
+        return (ok | (k_idx[None, None, :] == q_idx[None, :, None]))[:, None]
+
+
+class MaskAfterSoftmaxAttention(RefAttention):
+    def apply_mask(self, scores, allowed):
+        return scores  # the mask is applied to the pattern instead, and rows are never renormalized
+
+    def normalize(self, scores, allowed):
+        return scores.softmax(-1) * allowed
+
+
+class QueryPaddingAttention(RefAttention):
+    def allowed(self, q_idx, k_idx, key_mask):
+        ok = torch.ones(len(q_idx), len(k_idx), dtype=torch.bool)
+        if self.cfg.attention_dir == "causal":
+            ok = k_idx[None, :] <= q_idx[:, None]
+        query_mask = key_mask[:, -len(q_idx):]
+        ok = ok[None] & query_mask[:, :, None]  # padding removes the padded *queries'* rows
+        return (ok | (k_idx[None, None, :] == q_idx[None, :, None]))[:, None]
+
+
+# --- scale bugs ------------------------------------------------------------------------------
+
+class NoScaleAttention(RefAttention):
+    def scale(self):
+        return 1.0
+
+
+class InverseDkAttention(RefAttention):
+    def scale(self):
+        return 1.0 / self.cfg.d_head
+
+
+# --- softmax bugs ----------------------------------------------------------------------------
+
+class QuerySoftmaxAttention(RefAttention):
+    def normalize(self, scores, allowed):
+        return scores.softmax(-2)
+
+
+# --- rotary bugs -----------------------------------------------------------------------------
+
+class MixedRopeLayoutAttention(RefAttention):
+    def rotate_k(self, k, pos):
+        return rope(k, pos, self.cfg.base, layout="interleaved")  # q uses rotate-half pairs
+
+
+class NormChangingRopeAttention(RefAttention):
+    def rotate_q(self, q, pos):
+        return _skewed_rope(q, pos, self.cfg.base)
+
+    def rotate_k(self, k, pos):
+        return _skewed_rope(k, pos, self.cfg.base)
+
+
+def _skewed_rope(x: Tensor, pos: Tensor, base: float) -> Tensor:
+    """cos built with repeat_interleave (interleaved frequencies) but sin with cat (half layout):
+    the pair (i, i + d/2) turns by two different angles, which is not a rotation."""
+    d = x.shape[-1]
+    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = pos.double()[..., None, None] * inv
+    cos = ang.cos().repeat_interleave(2, -1).float()
+    sin = torch.cat((ang.sin(), ang.sin()), -1).float()
+    rotated_half = torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1)
+    return x * cos + rotated_half * sin
+
+
+class AbsoluteLeakRotaryModel(RefModel):
+    def embed_positions(self, pos):
+        return sinusoids(pos, self.cfg.d_model, self.cfg.base)  # an absolute table left in a rotary model
+
+
+# --- position bugs -----------------------------------------------------------------------------
+
+class IndexPositionsModel(RefModel):
+    def positions(self, mask, offset):
+        return offset + torch.arange(mask.shape[1]).expand(mask.shape)  # left padding shifts positions
+
+
+class PositionLeakModel(RefModel):
+    def embed_positions(self, pos):
+        index = torch.arange(pos.shape[1]).expand(pos.shape)  # "none" declared, index sinusoids added
+        return sinusoids(index, self.cfg.d_model, self.cfg.base)
+
+
+class RestartingCacheModel(RefModel):
+    def step_positions(self, full_mask, past, offset):
+        return self.positions(full_mask[:, past:], offset)  # each cached step restarts at position 0
+
+
+# --- normalization bug -------------------------------------------------------------------------
+
+class BatchStatsNorm(RefNorm):
+    def stats_dims(self):
+        return (0, -1)  # statistics over the batch axis too, like a BatchNorm/LayerNorm hybrid
+
+
+class BatchNormModel(RefModel):
+    norm_cls = BatchStatsNorm
+
+
+def _model(attention: type) -> type:
+    return type(f"{attention.__name__}Model", (RefModel,), {"attention_cls": attention})
+
+
+def _cfg(**kw) -> RefConfig:
+    return RefConfig(**kw)
+
+
+MUTANTS: list[Mutant] = [
+    Mutant("causal_mask_off_by_one", _model(OffByOneMaskAttention), _cfg(positional_embedding_type="standard"),
+           ("causal_outputs", "causal_pattern"), "query i also sees key i + 1"),
+    Mutant("mask_after_softmax", _model(MaskAfterSoftmaxAttention), _cfg(positional_embedding_type="rotary"),
+           ("pattern_distribution", "attention_scale"), "causal mask multiplies the pattern after the softmax"),
+    Mutant("missing_scale", _model(NoScaleAttention), _cfg(), ("attention_scale",), "no 1/sqrt(d_k)"),
+    Mutant("inverse_dk_scale", _model(InverseDkAttention), _cfg(positional_embedding_type="alibi"),
+           ("attention_scale",), "1/d_k instead of 1/sqrt(d_k)"),
+    Mutant("rope_mixed_pair_layouts", _model(MixedRopeLayoutAttention), _cfg(positional_embedding_type="rotary"),
+           ("relative_position",), "q rotated in rotate-half pairs, k in interleaved pairs"),
+    Mutant("rotary_absolute_leak", AbsoluteLeakRotaryModel, _cfg(positional_embedding_type="rotary"),
+           ("relative_position",), "a sinusoidal absolute table added in a rotary model"),
+    Mutant("padding_masks_queries", _model(QueryPaddingAttention), _cfg(attention_dir="bidirectional"),
+           ("padding_outputs", "padding_pattern"), "padding masks query rows instead of key columns"),
+    Mutant("left_padding_shifts_positions", IndexPositionsModel, _cfg(positional_embedding_type="standard"),
+           ("padding_outputs",), "positions are token indices, so left padding moves them"),
+    Mutant("batch_axis_norm", BatchNormModel, _cfg(normalization_type="RMS"),
+           ("batch_independence",), "norm statistics over the batch axis"),
+    Mutant("position_leak_without_positions", PositionLeakModel, _cfg(attention_dir="bidirectional"),
+           ("permutation_equivariance",), "index sinusoids added to a model declared without positions"),
+    Mutant("softmax_over_queries", _model(QuerySoftmaxAttention), _cfg(),
+           ("pattern_distribution", "causal_outputs"), "softmax over the query axis"),
+    Mutant("rotary_changes_norm", _model(NormChangingRopeAttention), _cfg(positional_embedding_type="rotary"),
+           ("rotary_norm",), "cos and sin built with different frequency layouts"),
+    Mutant("kv_cache_restarts_positions", RestartingCacheModel, _cfg(positional_embedding_type="standard"),
+           ("kv_cache",), "cached decoding numbers each new token from position 0"),
+]
