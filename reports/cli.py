@@ -1,11 +1,22 @@
-"""The `attnlab` command. Thin: options map onto the config dataclasses; errors are one line."""
+"""The `attnlab` command. Thin: options map onto the config dataclasses; errors are one line.
+
+Every failure a user can cause (a missing or corrupt run directory, a bad option value, an
+unknown task, an invalid config) ends as one line on stderr and exit code 2; Ctrl-C ends with
+130. Anything else is a bug: one line and exit code 1, with the traceback when ATTNLAB_DEBUG=1.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Optional
 
 import click
+
+from reports.options import BENCH_MODES, comma_ints, model_and_train_configs, model_options, train_options
+
+EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_BUG = 2, 130, 1
 
 
 def _version() -> str:
@@ -15,25 +26,260 @@ def _version() -> str:
         return "0+unknown"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class CliError(click.ClickException):
+    """A failure the user can fix: printed as one line."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, exit_code: Optional[int] = None):
+        super().__init__(" ".join(str(message).split()) or "failed")  # one line, whatever the message held
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"attnlab: {self.format_message()}", err=True)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [ValueError, TypeError, OSError]
+    try:  # a diverged run is the user's learning rate, not a bug
+        from harness.train import TrainingDiverged
+
+        errors.append(TrainingDiverged)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+class AttnlabGroup(click.Group):
+    """Turns every exception into one line and an exit code, under CliRunner as under the console script."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # the order of a session: train, check, probe, ..., demo
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except KeyboardInterrupt as exc:
+            detail = f": {exc}" if str(exc) else ""
+            raise CliError(f"interrupted{detail}", EXIT_INTERRUPTED) from None
+        except _user_errors() as exc:
+            raise CliError(f"error: {exc}") from None
+        except Exception as exc:
+            if os.environ.get("ATTNLAB_DEBUG"):
+                raise
+            raise CliError(f"internal error: {type(exc).__name__}: {exc} (set ATTNLAB_DEBUG=1 for the traceback)",
+                           EXIT_BUG) from None
+
+    def main(self, args: Any = None, prog_name: Optional[str] = None, complete_var: Optional[str] = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name or "attnlab", complete_var, False, **extra)
+        except click.exceptions.Abort:
+            click.echo("attnlab: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except CliError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:  # bad option or argument: click's message, on one line
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            click.echo(f"attnlab: error: {' '.join(exc.format_message().split())}{where}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except click.ClickException as exc:
+            click.echo(f"attnlab: error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=AttnlabGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(_version(), prog_name="attnlab")
 def cli() -> None:
-    """attnlab: train, check, probe and report on small Transformers."""
+    """attnlab: train, check, probe and report on small Transformers.
+
+    Start with `attnlab demo`: it trains the default induction model, checks it, probes its heads,
+    runs the softmax-saturation sweep and writes an HTML report, printing each stage's time.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: figures are only ever written to files
+
+
+def _run_dir_arg(f):
+    return click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))(f)
+
+
+def _progress_opt(f):
+    return click.option("--progress/--no-progress", default=None,
+                        help="Progress bars (default: only when stderr is a terminal).")(f)
+
+
+@cli.command(short_help="Train a model into a run directory.")
+@click.option("--out", "run_dir", required=True, type=click.Path(path_type=str),
+              help="Run directory to create (checkpoint/, metrics.csv).")
+@model_options
+@train_options
+@click.option("--resume", is_flag=True, help="Continue the run in --out up to --steps.")
+@click.option("--overwrite", is_flag=True, help="Delete the run already in --out and start over.")
+@click.option("--stop-after", type=click.IntRange(min=1), default=None,
+              help="Stop after this step, as an interruption would (resume later with --resume).")
+@_progress_opt
+def train(run_dir: str, resume: bool, overwrite: bool, stop_after: Optional[int], progress: Optional[bool],
+          **fields: Any) -> None:
+    """Train a model into a run directory (checkpoint/, metrics.csv).
+
+    Every model and training option defaults to the demo configuration's value
+    (harness.demo_configs()), so `attnlab train --out run` trains the demo model.
+    """
+    from reports import pipeline
+
+    model_cfg, train_cfg = model_and_train_configs(fields)
+    metrics = pipeline.train(model_cfg, train_cfg, run_dir, resume=resume, overwrite=overwrite,
+                             stop_after=stop_after, progress=progress)
+    last = metrics.dropna(subset=["val_accuracy"]).tail(1)
+    acc = f", validation accuracy {float(last['val_accuracy'].iloc[0]):.3f}" if len(last) else ""
+    click.echo(f"trained {run_dir}: step {int(metrics['step'].max())}{acc}")
+
+
+@cli.command(short_help="Property suite -> RUN_DIR/properties.csv.")
+@_run_dir_arg
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the searches.")
+@click.option("--max-examples", type=click.IntRange(min=1), default=25, show_default=True,
+              help="Hypothesis examples per property.")
+@_progress_opt
+def check(run_dir: str, seed: int, max_examples: int, progress: Optional[bool]) -> None:
+    """Run the property suite on a trained run -> RUN_DIR/properties.csv, and print the table."""
+    from reports import pipeline
+
+    table = pipeline.check(run_dir, seed=seed, max_examples=max_examples, progress=progress)
+    shown = table.assign(result=[("pass" if p else "FAIL") if a else "n/a"
+                                 for a, p in zip(table["applicable"], table["passed"], strict=True)])
+    click.echo(shown[["property", "result", "worst", "tolerance", "counterexample"]].to_string(index=False))
+    applicable = table[table["applicable"].astype(bool)]
+    click.echo(f"{int(applicable['passed'].astype(bool).sum())} / {len(applicable)} applicable properties passed; "
+               f"wrote {os.path.join(run_dir, 'properties.csv')}")
+
+
+@cli.command(short_help="Head probes -> RUN_DIR/probes/.")
+@_run_dir_arg
+@click.option("--sequences", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Validation sequences of the run's task to probe with.")
+@click.option("--seeds", type=comma_ints, default="0,1,2", show_default=True, help="Seeds of the random prune orders.")
+@click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
+              show_default=True, help="Relative loss rise allowed when counting prunable heads.")
+@click.option("--top-k", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Most important heads whose attention patterns are saved.")
+@_progress_opt
+def probe(run_dir: str, sequences: int, seeds: tuple[int, ...], tolerance: float, top_k: int,
+          progress: Optional[bool]) -> None:
+    """Run every head probe on a trained run -> RUN_DIR/probes/*.csv."""
+    from reports import pipeline
+
+    out = pipeline.probe(run_dir, sequences=sequences, seeds=seeds, tolerance=tolerance, top_k=top_k,
+                         progress=progress)
+    red = out["redundancy"]
+    click.echo(f"prunable within {tolerance:.1%} loss: {red['prunable_fraction']:.1%} of heads "
+               f"(random order: {red['random_prunable_fraction']:.1%}); wrote {os.path.join(run_dir, 'probes')}")
+
+
+@cli.command(short_help="Softmax-saturation sweep -> CSV + figure.")
+@click.option("--out", "out_dir", default="saturation", show_default=True, type=click.Path(path_type=str),
+              help="Folder for saturation.csv and figures/saturation.png (a run directory puts it in its report).")
+@click.option("--d-heads", type=comma_ints, default="8,16,32,64,128,256,512", show_default=True,
+              help="Head widths to sweep.")
+@click.option("--seeds", type=comma_ints, default="0,1,2", show_default=True, help="Seeds per width.")
+@_progress_opt
+def saturation(out_dir: str, d_heads: tuple[int, ...], seeds: tuple[int, ...], progress: Optional[bool]) -> None:
+    """Softmax saturation against d_head, scaled vs unscaled (Vaswani et al. 2017, section 3.2.1)."""
+    from reports import figures, pipeline
+
+    table = pipeline.saturation(out_dir, d_heads=d_heads, seeds=seeds, progress=progress)
+    for scaled in (True, False):
+        sub = table[table["scaled"] == scaled]
+        click.echo(f"{'scaled' if scaled else 'unscaled':>8}: log-log slope of score variance "
+                   f"{figures.loglog_slope(sub, 'score_var'):+.2f}, of attention entropy "
+                   f"{figures.loglog_slope(sub, 'entropy'):+.2f}")
+    click.echo(f"wrote {os.path.join(out_dir, 'saturation.csv')} and {os.path.join(out_dir, 'figures')}")
+
+
+@cli.command(short_help="HTML + Markdown report of a run.")
+@_run_dir_arg
+def report(run_dir: str) -> None:
+    """Render RUN_DIR/report.html (self-contained), RUN_DIR/report.md and RUN_DIR/figures/*.png."""
+    from reports import pipeline
+
+    paths = pipeline.report(run_dir)
+    click.echo(f"wrote {paths.html} and {paths.markdown} ({len(paths.figures)} figures)")
+
+
+@cli.command(short_help="Train, check, probe, sweep, report: the whole tour.")
+@click.option("--out", "out_dir", default="attnlab-demo", show_default=True, type=click.Path(path_type=str),
+              help="Run directory for the demo.")
+@model_options
+@train_options
+@click.option("--overwrite", is_flag=True, help="Replace a run already in --out.")
+@click.option("--check-examples", type=click.IntRange(min=1), default=25, show_default=True,
+              help="Hypothesis examples per property.")
+@click.option("--sequences", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Validation sequences to probe with.")
+@click.option("--d-heads", type=comma_ints, default="8,16,32,64,128,256,512", show_default=True,
+              help="Head widths of the saturation sweep.")
+@click.option("--seeds", type=comma_ints, default="0,1,2", show_default=True,
+              help="Seeds of the random prune orders and of the saturation sweep.")
+@_progress_opt
+def demo(out_dir: str, overwrite: bool, check_examples: int, sequences: int, d_heads: tuple[int, ...],
+         seeds: tuple[int, ...], progress: Optional[bool], **fields: Any) -> None:
+    """Train the default induction model, check it, probe it, sweep saturation and write the report.
+
+    Model and training options override the demo configuration's values (harness.demo_configs()),
+    for a quicker or a bigger run.
+    """
+    from reports import pipeline
+    from reports.render import pct
+
+    model_cfg, train_cfg = model_and_train_configs(fields)
+    click.echo(f"attnlab demo -> {out_dir}: {model_cfg.n_layers} layers x {model_cfg.n_heads} heads, "
+               f"d_model {model_cfg.d_model}, task {train_cfg.task}, {train_cfg.steps} steps")
+    result = pipeline.demo(out_dir, model_cfg, train_cfg, overwrite=overwrite, check_examples=check_examples,
+                           probe_sequences=sequences, d_heads=d_heads, seeds=seeds, progress=progress,
+                           on_stage=lambda name, s: click.echo(f"  {name:<11}{s:7.1f} s"))
+    h = result.headline
+    click.echo(f"  {'total':<11}{sum(result.timings.values()):7.1f} s")
+    heads = h["induction_heads"]
+    click.echo("headline:")
+    click.echo(f"  final validation accuracy        {pct(h['final_accuracy'])}")
+    click.echo(f"  properties passed / applicable   {h['properties_passed']} / {h['properties_applicable']}"
+               + (f" (failed: {', '.join(h['properties_failed'])})" if h["properties_failed"] else ""))
+    click.echo(f"  heads prunable within {pct(h['tolerance'])} loss  {pct(h['prunable_fraction'])}"
+               f" (random order: {pct(h['random_prunable_fraction'])})")
+    click.echo(f"  induction heads found            {len(heads)}" + (f": {', '.join(heads)}" if heads else ""))
+    click.echo(f"report: {result.report.html}")
+    click.echo(f"        {result.report.markdown}")
+
+
+@cli.command(short_help="Benchmark table for this machine.")
+@click.option("--full", is_flag=True, help="The full sizes (minutes) instead of the short CI sizes.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+def bench(full: bool, device: str) -> None:
+    """Print the side-by-side benchmark table (ratios measured in one run) for this machine."""
+    try:
+        from reports.bench import format_table, run_suite
+    except ImportError as exc:
+        raise CliError(f"error: the benchmark suite is not available in this install ({exc})") from None
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    click.echo(format_table(run_suite(BENCH_MODES[full], device)))
 
 
 def main() -> None:
     """Console-script entry: bad input becomes one line on stderr and exit code 2, never a traceback."""
-    try:
-        cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("attnlab: aborted", err=True)
-        sys.exit(130)
-    except click.exceptions.ClickException as exc:
-        click.echo(f"attnlab: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
-        click.echo(f"attnlab: error: {exc}", err=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        click.echo("attnlab: interrupted", err=True)
-        sys.exit(130)
+    cli.main(prog_name="attnlab")
+
+
+if __name__ == "__main__":
+    main()

@@ -51,7 +51,7 @@ def _require(df: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
 def png_bytes(fig: Figure) -> bytes:
     """The figure as PNG bytes (what the HTML report embeds)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.08)
     return buf.getvalue()
 
 
@@ -273,7 +273,7 @@ def attention_entropy(df: pd.DataFrame) -> Figure:
     with _style(grid=False):
         fig = _figure(9, max(2.4, 0.45 * df["layer"].nunique() + 1.6))
         ax_e, ax_m = fig.subplots(1, 2)
-        _heatmap(ax_e, _layer_head_matrix(df, "entropy"), cmap="crest", label="nats")
+        _heatmap(ax_e, _layer_head_matrix(df, "entropy"), cmap="crest", label="nats", vmin=0)
         ax_e.set(title="Attention entropy", xlabel="head", ylabel="layer")
         _heatmap(ax_m, _layer_head_matrix(df, "max_prob"), cmap="flare", label="weight", vmin=0, vmax=1)
         ax_m.set(title="Largest attention weight", xlabel="head", ylabel="layer")
@@ -300,17 +300,16 @@ def attention_patterns(patterns: pd.DataFrame, tokens: list[int] | None = None) 
         axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
         for ax, head in zip(axes[:n], heads.itertuples(index=False), strict=True):
             cells = patterns[(patterns["layer"] == head.layer) & (patterns["head"] == head.head)]
-            m = cells.pivot_table(index="query", columns="key", values="weight").reindex(
-                index=range(n_pos), columns=range(n_pos))
-            sns.heatmap(m, ax=ax, cmap="Blues", vmin=0, vmax=1, cbar=False, square=True,
-                        xticklabels=False, yticklabels=False)
+            m = np.full((n_pos, n_pos), np.nan)
+            m[cells["query"].to_numpy(int), cells["key"].to_numpy(int)] = cells["weight"].to_numpy(float)
+            ax.imshow(m, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
             title = head_label(head.layer, head.head)
             if "rank" in heads.columns:
                 title += f"  (#{int(head.rank) + 1} by importance)"
             ax.set_title(title, fontsize=9)
             if tokens is not None and len(tokens) == n_pos and n_pos <= 32:
-                ax.set_xticks(np.arange(n_pos) + 0.5, [str(t) for t in tokens], fontsize=5, rotation=90)
-                ax.set_yticks(np.arange(n_pos) + 0.5, [str(t) for t in tokens], fontsize=5)
+                ax.set_xticks(np.arange(n_pos), [str(t) for t in tokens], fontsize=5, rotation=90)
+                ax.set_yticks(np.arange(n_pos), [str(t) for t in tokens], fontsize=5)
                 ax.set_xlabel("key (token id)", fontsize=8)
                 ax.set_ylabel("query (token id)", fontsize=8)
             else:

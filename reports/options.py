@@ -1,0 +1,202 @@
+"""Click options that map one to one onto ``ModelConfig`` and ``TrainConfig`` fields.
+
+An option left unset keeps the demo configuration's value (``harness.demo_configs()``), so
+``attnlab train --out run --steps 200`` is the demo model trained for 200 steps. Validation is
+the dataclasses' own: a value they refuse becomes the CLI's one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Optional
+
+import click
+
+from harness.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORM_PLACEMENTS, POSITIONAL_TYPES
+from harness.tasks import TASKS
+from harness.train_config import DEVICES, OPTIMIZERS, SCHEDULES
+
+BENCH_MODES = {False: "short", True: "full"}
+
+
+class CommaInts(click.ParamType):
+    """``8,16,32`` -> ``(8, 16, 32)``."""
+
+    name = "INTS"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            out = tuple(int(v) for v in str(value).split(",") if v.strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        if not out:
+            self.fail(f"{value!r} is empty: expected integers such as 0,1,2", param, ctx)
+        return out
+
+
+class OptionalNumber(click.ParamType):
+    """A number, or ``none`` for a field whose None switches the feature off."""
+
+    def __init__(self, kind: type):
+        self.kind = kind
+        self.name = f"{kind.__name__.upper()}|none"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Optional[float | int]:
+        if value is None or isinstance(value, self.kind):
+            return value
+        if str(value).lower() == "none":
+            return None
+        try:
+            return self.kind(value)
+        except ValueError:
+            self.fail(f"{value!r} is not {'an integer' if self.kind is int else 'a number'} or 'none'", param, ctx)
+
+
+class KeyValue(click.ParamType):
+    """``key=value`` with a JSON value (``min_prefix=4``, ``path="data/"``); a bare word stays a string."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, Any]:
+        if isinstance(value, tuple):
+            return value
+        key, sep, raw = str(value).partition("=")
+        if not sep or not key.strip():
+            self.fail(f"{value!r} is not of the form key=value", param, ctx)
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed = raw
+        return key.strip(), parsed
+
+
+class Pair(click.ParamType):
+    name = "B1,B2"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[float, float]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            a, b = (float(v) for v in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not two comma-separated numbers", param, ctx)
+        return a, b
+
+
+comma_ints = CommaInts()
+NORM_CHOICES = {"LN": "LN", "RMS": "RMS", "none": None}
+
+# (option, config, field, click type, help). Flags are given as "--name/--no-name".
+MODEL_FIELDS: list[tuple[str, str, Any, str]] = [
+    ("--n-layers", "n_layers", click.IntRange(min=1), "Transformer blocks."),
+    ("--d-model", "d_model", click.IntRange(min=1), "Residual stream width."),
+    ("--n-heads", "n_heads", click.IntRange(min=1), "Attention heads per layer."),
+    ("--d-head", "d_head", click.IntRange(min=1), "Width of one head (default d_model / n_heads)."),
+    ("--d-mlp", "d_mlp", click.IntRange(min=1), "MLP hidden width (default 4 d_model)."),
+    ("--d-vocab", "d_vocab", click.IntRange(min=1), "Vocabulary size."),
+    ("--n-ctx", "n_ctx", click.IntRange(min=1), "Longest sequence (rows of a learned position table)."),
+    ("--act-fn", "act_fn", click.Choice(ACT_FNS), "MLP activation."),
+    ("--gated-mlp/--no-gated-mlp", "gated_mlp", None, "SwiGLU-style gated MLP."),
+    ("--normalization-type", "normalization_type", click.Choice(list(NORM_CHOICES)), "Norm layers."),
+    ("--norm-placement", "norm_placement", click.Choice(NORM_PLACEMENTS), "Pre-norm or post-norm blocks."),
+    ("--positional-embedding-type", "positional_embedding_type", click.Choice(POSITIONAL_TYPES),
+     "Position information ('standard' = learned absolute)."),
+    ("--rotary-base", "rotary_base", click.FloatRange(min=1.0), "Rotary base frequency."),
+    ("--attention-dir", "attention_dir", click.Choice(ATTENTION_DIRS), "Causal (decoder) or bidirectional."),
+    ("--attn-only/--no-attn-only", "attn_only", None, "Attention-only blocks (no MLP)."),
+    ("--use-attn-scale/--no-use-attn-scale", "use_attn_scale", None, "Divide scores by sqrt(d_head)."),
+    ("--use-attn-result/--no-use-attn-result", "use_attn_result", None, "Expose hook_result (memory-heavy)."),
+    ("--tie-embeddings/--no-tie-embeddings", "tie_embeddings", None, "Unembedding = embedding transposed."),
+    ("--n-key-value-heads", "n_key_value_heads", OptionalNumber(int), "Key/value heads (grouped-query attention)."),
+    ("--attn-bias/--no-attn-bias", "attn_bias", None, "Biases in attention projections."),
+    ("--mlp-bias/--no-mlp-bias", "mlp_bias", None, "Biases in MLP projections."),
+    ("--eps", "eps", float, "Norm epsilon."),
+    ("--init-range", "init_range", float, "Std of the initial weights."),
+    ("--model-seed", "seed", click.IntRange(min=0), "Seed of the initial weights."),
+    ("--dtype", "dtype", click.Choice(DTYPES), "Parameter dtype."),
+]
+TRAIN_FIELDS: list[tuple[str, str, Any, str]] = [
+    ("--task", "task", click.Choice(sorted(TASKS)), "Synthetic task (or byte-level text)."),
+    ("--seq-len", "seq_len", click.IntRange(min=2), "Sequence length (default: the task's own)."),
+    ("--task-option", "task_options", KeyValue(), "A task option, key=value (repeatable)."),
+    ("--batch-size", "batch_size", click.IntRange(min=1), "Global batch size."),
+    ("--steps", "steps", click.IntRange(min=1), "Optimizer steps."),
+    ("--lr", "lr", float, "Peak learning rate."),
+    ("--optimizer", "optimizer", click.Choice(OPTIMIZERS), "Optimizer."),
+    ("--schedule", "schedule", click.Choice(SCHEDULES), "Learning-rate schedule."),
+    ("--warmup", "warmup", click.IntRange(min=0), "Warm-up steps."),
+    ("--min-lr-ratio", "min_lr_ratio", float, "Final lr / peak lr for decaying schedules."),
+    ("--weight-decay", "weight_decay", float, "Weight decay (decoupled for adamw)."),
+    ("--betas", "betas", Pair(), "Adam betas, e.g. 0.9,0.98."),
+    ("--momentum", "momentum", float, "SGD momentum."),
+    ("--label-smoothing", "label_smoothing", float, "Label smoothing epsilon."),
+    ("--grad-clip", "grad_clip", OptionalNumber(float), "Global gradient-norm clip ('none' = off)."),
+    ("--eval-every", "eval_every", click.IntRange(min=1), "Steps between evaluations."),
+    ("--eval-batches", "eval_batches", click.IntRange(min=1), "Validation batches per evaluation."),
+    ("--checkpoint-every", "checkpoint_every", OptionalNumber(int), "Steps between checkpoints ('none' = end only)."),
+    ("--log-every", "log_every", click.IntRange(min=1), "Steps between metrics rows."),
+    ("--seed", "seed", click.IntRange(min=0), "Seed of the data order."),
+    ("--device", "device", click.Choice(DEVICES), "Where to train."),
+    ("--compile/--no-compile", "compile", None, "torch.compile the model (CUDA)."),
+    ("--amp/--no-amp", "amp", None, "bf16 autocast on CUDA."),
+]
+
+
+def _param_name(option: str, prefix: str) -> str:
+    return prefix + option.split("/")[0].lstrip("-").replace("-", "_")
+
+
+def _decorator(fields: list[tuple[str, str, Any, str]], prefix: str, group: str) -> Callable:
+    def apply(f: Callable) -> Callable:
+        for option, _field, kind, text in reversed(fields):
+            name = _param_name(option, prefix)
+            if kind is None:
+                f = click.option(option, name, default=None, help=text)(f)
+            else:
+                f = click.option(option, name, type=kind, default=None, multiple=option == "--task-option",
+                                 help=text)(f)
+        return f
+
+    apply.__doc__ = f"Add one option per {group} field."
+    return apply
+
+
+model_options = _decorator(MODEL_FIELDS, "model__", "ModelConfig")
+train_options = _decorator(TRAIN_FIELDS, "train__", "TrainConfig")
+
+
+def model_and_train_configs(values: dict[str, Any]) -> tuple[Any, Any]:
+    """The demo configs with every option that was given applied; the dataclasses validate."""
+    import harness
+
+    base_model, base_train = harness.demo_configs()
+    model_changes: dict[str, Any] = {}
+    for option, field, _kind, _text in MODEL_FIELDS:
+        value = values.pop(_param_name(option, "model__"))
+        if value is not None:
+            model_changes[field] = NORM_CHOICES[value] if field == "normalization_type" else value
+    if "d_model" in model_changes or "n_heads" in model_changes:
+        # d_head and d_mlp default from d_model and n_heads: re-derive them unless given explicitly.
+        model_changes.setdefault("d_head", None)
+        model_changes.setdefault("d_mlp", None)
+    train_changes: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for option, field, _kind, _text in TRAIN_FIELDS:
+        value = values.pop(_param_name(option, "train__"))
+        if field == "task_options":
+            extra = dict(value or ())
+        elif value is not None:
+            train_changes[field] = value
+    same_task = train_changes.get("task", base_train.task) == base_train.task
+    if not same_task:  # the demo's task options and length belong to its task, not the new one
+        train_changes.setdefault("seq_len", None)
+    if extra or not same_task:
+        train_changes["task_options"] = {**(base_train.task_options if same_task else {}), **extra}
+    if values:
+        raise TypeError(f"unexpected options {sorted(values)}")
+    model_cfg = base_model.replace(**model_changes) if model_changes else base_model
+    train_cfg = base_train.replace(**train_changes) if train_changes else base_train
+    return model_cfg, train_cfg

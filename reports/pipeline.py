@@ -1,0 +1,253 @@
+"""The stages behind the ``attnlab`` commands: train, check, probe, saturation, report, demo.
+
+Each stage reads and writes plain files in a run directory (see :mod:`reports.rundata`), so
+any stage can be re-run alone, from the command line or from Python::
+
+    from reports import pipeline
+    pipeline.check("runs/induction")      # -> properties.csv
+    pipeline.probe("runs/induction")      # -> probes/*.csv
+    pipeline.report("runs/induction")     # -> report.html, report.md, figures/*.png
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from reports import rundata
+from reports.render import ReportPaths, render
+
+SATURATION_D_HEADS = (8, 16, 32, 64, 128, 256, 512)
+SEEDS = (0, 1, 2)
+PROBE_SEQUENCES = 64
+PROBE_DATA_SEED = 1234  # the probes' validation batch: fixed, so re-running a probe gives the same numbers
+TOP_K_PATTERNS = 4
+CHECK_EXAMPLES = 25  # hypothesis examples per property: the `ci` profile's budget
+
+
+def _write_csv(df: pd.DataFrame, path: Path, **kw: Any) -> Path:
+    """Write via a temp file and rename, so a killed stage never leaves half a CSV."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    df.to_csv(tmp, **kw)
+    os.replace(tmp, path)
+    return path
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
+    return value
+
+
+def _check_int_tuple(name: str, values: Any, minimum: int) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise ValueError(f"{name}={values!r} is invalid: expected a non-empty sequence of integers >= {minimum}")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"{name}={values!r} is invalid: {v!r} is not an integer >= {minimum}")
+    return tuple(values)
+
+
+# --- train ---------------------------------------------------------------------------------------
+def train(model_cfg: Any, train_cfg: Any, run_dir: str | os.PathLike, *, resume: bool = False,
+          overwrite: bool = False, stop_after: Optional[int] = None, progress: Optional[bool] = None) -> pd.DataFrame:
+    """Train a model into ``run_dir`` (checkpoint + metrics.csv); see :func:`harness.train`."""
+    import harness
+
+    return harness.train(model_cfg, train_cfg, run_dir, resume=resume, overwrite=overwrite,
+                         stop_after=stop_after, progress=progress)
+
+
+def _load(run_dir: str | os.PathLike):
+    import harness
+    from harness.checkpoint import read_configs
+
+    path = rundata.require_run_dir(run_dir)
+    model_cfg, train_cfg = read_configs(path)
+    return path, harness.load_run(path), model_cfg, train_cfg
+
+
+# --- check ---------------------------------------------------------------------------------------
+def check(run_dir: str | os.PathLike, *, seed: int = 0, max_examples: int = CHECK_EXAMPLES,
+          progress: Optional[bool] = None) -> pd.DataFrame:
+    """Run the property suite on the run's model; writes ``properties.csv`` and returns the table."""
+    import properties
+
+    _check_positive_int("max_examples", max_examples)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed={seed!r} is invalid: expected an integer >= 0")
+    path, model, _, _ = _load(run_dir)
+    names = list(properties.PROPERTIES)
+    rows = []
+    for name in tqdm(names, desc="properties", unit="property", disable=_quiet(progress)):
+        rows.append(properties.check_model(model, seed=seed, max_examples=max_examples, properties=[name]))
+    table = pd.concat(rows, ignore_index=True)
+    _write_csv(table, path / rundata.PROPERTIES_CSV, index=False)
+    return table
+
+
+def _quiet(progress: Optional[bool]) -> Optional[bool]:
+    """tqdm's ``disable``: None lets tqdm show the bar only on a terminal."""
+    return None if progress is None else not progress
+
+
+# --- probe ---------------------------------------------------------------------------------------
+def probe_data(model_cfg: Any, train_cfg: Any, sequences: int = PROBE_SEQUENCES):
+    """A fixed validation batch of the run's own task: ``(tokens, loss_mask)``."""
+    import torch
+
+    from harness.tasks import make_task
+
+    task = make_task(train_cfg.task, model_cfg.d_vocab, model_cfg.n_ctx, train_cfg.seq_len, train_cfg.task_options)
+    return task.batch(sequences, torch.Generator().manual_seed(PROBE_DATA_SEED), "val")
+
+
+def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int) -> pd.DataFrame:
+    """Attention patterns of the ``k`` most important heads on ``tokens[:1]``, long format."""
+    import torch
+
+    top = importance.sort_values("importance", ascending=False).head(k).reset_index(drop=True)
+    layers = sorted({int(layer) for layer in top["layer"]})
+    names = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens[:1], names_filter=lambda n: n in names)
+    frames = []
+    for rank, row in top.iterrows():
+        pattern = cache[f"blocks.{int(row['layer'])}.attn.hook_pattern"][0, int(row["head"])].float().cpu()
+        q, kk = torch.meshgrid(torch.arange(pattern.shape[0]), torch.arange(pattern.shape[1]), indexing="ij")
+        frames.append(pd.DataFrame({"layer": int(row["layer"]), "head": int(row["head"]), "rank": rank,
+                                    "query": q.flatten().numpy(), "key": kk.flatten().numpy(),
+                                    "weight": pattern.flatten().numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds: Sequence[int] = SEEDS,
+          tolerance: float = rundata.TOLERANCE, top_k: int = TOP_K_PATTERNS,
+          progress: Optional[bool] = None) -> dict[str, Any]:
+    """Run every head probe on the run's model over a fixed validation batch; writes ``probes/*``."""
+    import probes
+
+    _check_positive_int("sequences", sequences)
+    _check_positive_int("top_k", top_k)
+    seeds = _check_int_tuple("seeds", seeds, 0)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
+        raise ValueError(f"tolerance={tolerance!r} is invalid: expected a number in (0, 1)")
+    path, model, model_cfg, train_cfg = _load(run_dir)
+    tokens, loss_mask = probe_data(model_cfg, train_cfg, sequences)
+    out: dict[str, Any] = {}
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        *[(f"importance_{m}", lambda m=m: probes.head_importance(model, tokens, loss_mask=loss_mask, method=m))
+          for m in rundata.IMPORTANCE_METHODS],
+        ("prune_curve", lambda: probes.prune_curve(model, tokens, loss_mask=loss_mask, order=("importance", "random"),
+                                                   seeds=seeds)),
+        ("redundancy", lambda: probes.redundancy(model, tokens, loss_mask=loss_mask, tolerance=float(tolerance),
+                                                 seeds=seeds)),
+        ("similarity", lambda: probes.head_similarity(model, tokens, metric="pattern")),
+        ("head_roles", lambda: probes.head_roles(model, tokens)),
+        ("attention_entropy", lambda: probes.attention_entropy(model, tokens)),
+        ("patterns", lambda: top_patterns(model, tokens, out["importance_ablation"],
+                                          min(top_k, model_cfg.n_layers * model_cfg.n_heads))),
+    ]
+    folder = path / rundata.PROBES_DIR
+    folder.mkdir(exist_ok=True)
+    bar = tqdm(steps, desc="probes", unit="probe", disable=_quiet(progress))
+    for key, run in bar:
+        bar.set_postfix_str(key)
+        out[key] = run()
+    for key, value in out.items():
+        if key == "redundancy":
+            text = json.dumps({k: _plain(v) for k, v in value.items()}, indent=1)
+            tmp = folder / f".{rundata.REDUNDANCY_JSON}.tmp{os.getpid()}"
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, folder / rundata.REDUNDANCY_JSON)
+        else:
+            _write_csv(value, folder / rundata.PROBE_FILES[key], index=key == "similarity")
+    example = pd.DataFrame({"position": range(tokens.shape[1]), "token": tokens[0].tolist()})
+    _write_csv(example, folder / rundata.PROBE_FILES["example"], index=False)
+    return out
+
+
+# --- saturation ----------------------------------------------------------------------------------
+def saturation(out_dir: str | os.PathLike, *, d_heads: Sequence[int] = SATURATION_D_HEADS,
+               seeds: Sequence[int] = SEEDS, progress: Optional[bool] = None) -> pd.DataFrame:
+    """Softmax saturation against d_head, scaled and unscaled; writes ``saturation.csv`` and its figure."""
+    import properties
+    from reports import figures
+
+    d_heads = _check_int_tuple("d_heads", d_heads, 1)
+    seeds = _check_int_tuple("seeds", seeds, 0)
+    if len(set(d_heads)) < 2:
+        raise ValueError(f"d_heads={d_heads!r} is invalid: a log-log slope needs at least two distinct values")
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: expected a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [properties.saturation_sweep(d_heads=(d,), seeds=seeds)
+             for d in tqdm(d_heads, desc="saturation", unit="d_head", disable=_quiet(progress))]
+    table = pd.concat(parts, ignore_index=True).sort_values(["scaled", "d_head", "seed"], ignore_index=True)
+    _write_csv(table, out / rundata.SATURATION_CSV, index=False)
+    (out / rundata.FIGURES_DIR).mkdir(exist_ok=True)
+    figures.save_png(figures.saturation(table), out / rundata.FIGURES_DIR / "saturation.png")
+    return table
+
+
+# --- report and demo -----------------------------------------------------------------------------
+def report(run_dir: str | os.PathLike) -> ReportPaths:
+    """Render ``report.html`` and ``report.md`` (and ``figures/``) from what the run directory holds."""
+    return render(run_dir)
+
+
+@dataclass
+class DemoResult:
+    run_dir: Path
+    report: ReportPaths
+    timings: dict[str, float] = field(default_factory=dict)
+    headline: dict[str, Any] = field(default_factory=dict)
+
+
+def demo(out_dir: str | os.PathLike, model_cfg: Any = None, train_cfg: Any = None, *, overwrite: bool = False,
+         check_examples: int = CHECK_EXAMPLES, probe_sequences: int = PROBE_SEQUENCES,
+         d_heads: Sequence[int] = SATURATION_D_HEADS, seeds: Sequence[int] = SEEDS,
+         progress: Optional[bool] = None, on_stage: Optional[Callable[[str, float], None]] = None) -> DemoResult:
+    """Train the default induction model (``harness.demo_configs()`` unless configs are given), check it,
+    probe it, run the saturation sweep and render the report, timing each stage.
+
+    ``on_stage(name, seconds)`` is called as each stage finishes (the CLI prints it).
+    """
+    import harness
+
+    if model_cfg is None or train_cfg is None:
+        default_model, default_train = harness.demo_configs()
+        model_cfg = default_model if model_cfg is None else model_cfg
+        train_cfg = default_train if train_cfg is None else train_cfg
+    timings: dict[str, float] = {}
+    stages: list[tuple[str, Callable[[], Any]]] = [
+        ("train", lambda: train(model_cfg, train_cfg, out_dir, overwrite=overwrite, progress=progress)),
+        ("check", lambda: check(out_dir, max_examples=check_examples, progress=progress)),
+        ("probe", lambda: probe(out_dir, sequences=probe_sequences, seeds=seeds, progress=progress)),
+        ("saturation", lambda: saturation(out_dir, d_heads=d_heads, seeds=seeds, progress=progress)),
+        ("report", lambda: report(out_dir)),
+    ]
+    results = {}
+    for name, run in stages:
+        start = time.perf_counter()
+        results[name] = run()
+        timings[name] = time.perf_counter() - start
+        if on_stage is not None:
+            on_stage(name, timings[name])
+    headline = rundata.headline(rundata.load(out_dir))
+    return DemoResult(Path(out_dir), results["report"], timings, headline)
