@@ -1,0 +1,258 @@
+"""Checkpoints: safetensors weights and optimizer state, JSON config and state; atomic; no pickle.
+
+Layout of ``run_dir/checkpoint/``:
+    model.safetensors      the model's weights
+    optimizer.safetensors  optimizer state tensors; its metadata holds the rest as JSON
+    config.json            {"format", "model": ModelConfig, "train": TrainConfig}
+    state.json             step, elapsed time, RNG states (torch, python, numpy, task, cuda),
+                           and the partial metrics since the last row
+
+A checkpoint is written whole into ``checkpoint.tmp/`` (each file fsynced), and only then
+swapped in: ``checkpoint/`` -> ``checkpoint.old/``, ``checkpoint.tmp/`` -> ``checkpoint/``.
+A process killed at any point leaves either the previous complete checkpoint or the new
+one; :func:`checkpoint_dir` finishes an interrupted swap. Loading never unpickles: a
+``torch.save`` file where a safetensors file belongs is refused, since a pickle can run code.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_model, save_file, save_model
+from torch import Tensor, nn
+
+from harness.config import ModelConfig
+from harness.model import Transformer
+from harness.optim import optimizer_state_from_tensors, optimizer_state_to_tensors
+from harness.train_config import TrainConfig
+
+FORMAT = 1
+CHECKPOINT, TMP, OLD = "checkpoint", "checkpoint.tmp", "checkpoint.old"
+FILES = ("model.safetensors", "optimizer.safetensors", "config.json", "state.json")
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+
+
+# --- atomic file operations ----------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms without directory file descriptors
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder, fsync, then ``os.replace`` (atomic on POSIX and Windows)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+# --- RNG state as JSON ----------------------------------------------------------------------
+def _b64(t: Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def rng_state(task_generator: torch.Generator) -> dict:
+    py = random.getstate()
+    np_state = np.random.get_state()
+    return {
+        "torch": _b64(torch.get_rng_state()),
+        "task": _b64(task_generator.get_state()),
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), *map(_plain, np_state[2:])],
+        "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+    }
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else v
+
+
+def set_rng_state(state: dict, task_generator: torch.Generator) -> None:
+    torch.set_rng_state(_unb64(state["torch"]))
+    task_generator.set_state(_unb64(state["task"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+
+
+# --- reading with clear errors --------------------------------------------------------------
+def checkpoint_dir(run_dir: Path) -> Path:
+    """``run_dir/checkpoint``, finishing a swap that a killed process left half done."""
+    run_dir = Path(run_dir)
+    final, tmp, old = run_dir / CHECKPOINT, run_dir / TMP, run_dir / OLD
+    if not final.exists() and old.exists():
+        # The swap starts only once checkpoint.tmp is complete, so a tmp that exists now is the newer one.
+        os.rename(tmp if tmp.exists() else old, final)
+        _fsync_dir(run_dir)
+    if final.exists() and old.exists():
+        shutil.rmtree(old)
+    return final
+
+
+def has_run(run_dir: Path) -> bool:
+    run_dir = Path(run_dir)
+    return any((run_dir / n).exists() for n in (CHECKPOINT, OLD, "metrics.csv"))
+
+
+def _require(path: Path) -> Path:
+    if path.exists():
+        return path
+    near = [p.name for p in path.parent.glob(path.stem + "*") if p.suffix in PICKLE_SUFFIXES] \
+        if path.parent.exists() else []
+    extra = f"; found {near}, which would need unpickling and is refused" if near else ""
+    raise FileNotFoundError(f"checkpoint file {path} is missing{extra}")
+
+
+def check_safetensors(path: Path) -> Path:
+    """``path`` if it is a readable safetensors file; never unpickles anything."""
+    _require(path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        raise ValueError(f"{path} is a pickle / torch.save file, not safetensors: refusing to load it "
+                         "(unpickling can run arbitrary code)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.metadata()
+    except Exception as exc:  # safetensors raises its own error types for every kind of damage
+        raise ValueError(f"{path} is not a valid safetensors file (corrupt or truncated): {exc}") from None
+    return path
+
+
+def read_json(path: Path) -> dict:
+    _require(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is corrupt: invalid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is corrupt: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
+    """The model and train configs stored with a run's checkpoint."""
+    path = checkpoint_dir(run_dir) / "config.json"
+    data = read_json(path)
+    try:
+        return ModelConfig.from_dict(data["model"]), TrainConfig.from_dict(data["train"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path} does not hold a valid model and train config: {exc}") from None
+
+
+def read_state(run_dir: Path) -> dict:
+    path = checkpoint_dir(run_dir) / "state.json"
+    state = read_json(path)
+    missing = [k for k in ("format", "step", "elapsed_s", "rng", "pending") if k not in state]
+    if missing:
+        raise ValueError(f"{path} is corrupt: missing {missing}")
+    if state["format"] != FORMAT:
+        raise ValueError(f"{path} has format {state['format']!r}: expected {FORMAT}")
+    return state
+
+
+def load_weights(model: nn.Module, run_dir: Path) -> None:
+    path = check_safetensors(checkpoint_dir(run_dir) / "model.safetensors")
+    try:
+        load_model(model, str(path), strict=True, device=str(next(model.parameters()).device))
+    except RuntimeError as exc:
+        raise ValueError(f"{path} does not fit the model: {exc}") from None
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, run_dir: Path) -> None:
+    path = check_safetensors(checkpoint_dir(run_dir) / "optimizer.safetensors")
+    tensors = {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = (f.metadata() or {}).get("optimizer")
+        for key in f.keys():
+            tensors[key] = f.get_tensor(key)
+    if meta is None:
+        raise ValueError(f"{path} is corrupt: no 'optimizer' metadata")
+    optimizer_state_from_tensors(optimizer, tensors, meta, str(path))
+
+
+def load_run(run_dir: str | os.PathLike, device: Optional[str | torch.device] = None) -> Transformer:
+    """The trained :class:`harness.Transformer` of a run (its last checkpoint), in eval mode."""
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise TypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+    model_cfg, _ = read_configs(run_dir)
+    model = Transformer(model_cfg)
+    if device is not None:
+        model.to(device)
+    load_weights(model, run_dir)
+    return model.eval()
+
+
+# --- writing --------------------------------------------------------------------------------
+def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, model_cfg: ModelConfig,
+                    train_cfg: TrainConfig, state: dict) -> Path:
+    """Write a complete checkpoint and swap it in atomically; returns ``run_dir/checkpoint``."""
+    run_dir = Path(run_dir)
+    final, tmp, old = run_dir / CHECKPOINT, run_dir / TMP, run_dir / OLD
+    checkpoint_dir(run_dir)  # finish any interrupted swap before starting a new one
+    if tmp.exists():
+        shutil.rmtree(tmp)  # a write that never finished
+    tmp.mkdir(parents=True)
+    # save_model de-duplicates tied weights, which plain save_file refuses.
+    save_model(model, str(tmp / "model.safetensors"))
+    tensors, meta = optimizer_state_to_tensors(optimizer)
+    save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"optimizer": meta})
+    config = {"format": FORMAT, "model": model_cfg.to_dict(), "train": train_cfg.to_dict()}
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+    (tmp / "state.json").write_text(json.dumps({"format": FORMAT, **state}, indent=1), encoding="utf-8")
+    for name in FILES:
+        _fsync_file(tmp / name)
+    _fsync_dir(tmp)
+    if final.exists():
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(run_dir)
+    if old.exists():
+        shutil.rmtree(old)
+    return final
+
+
+def remove_run(run_dir: Path) -> None:
+    """Delete what :func:`harness.train` wrote into ``run_dir`` (and nothing else)."""
+    run_dir = Path(run_dir)
+    for name in (CHECKPOINT, TMP, OLD):
+        if (run_dir / name).exists():
+            shutil.rmtree(run_dir / name)
+    if (run_dir / "metrics.csv").exists():
+        (run_dir / "metrics.csv").unlink()

@@ -1,0 +1,115 @@
+"""``TrainConfig``: everything about a training run except the model's architecture.
+
+Like :class:`harness.ModelConfig`, ``__post_init__`` validates and nothing else: it never
+seeds an RNG or picks a device (``device="auto"`` is resolved when training starts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from harness.config import _check_bool, _check_choice, _check_float, _check_int, _fail, _JSONMixin
+from harness.tasks import check_options
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+SCHEDULES = ("constant", "noam", "warmup_cosine", "warmup_linear")
+DEVICES = ("auto", "cpu", "cuda")
+
+# Fields a resumed run may change: they set how long the run goes and what it reports,
+# not what a step computes. (A longer ``steps`` also stretches a decaying schedule.)
+RESUMABLE_CHANGES = ("steps", "log_every", "eval_every", "checkpoint_every", "device", "compile")
+
+
+@dataclass(frozen=True)
+class TrainConfig(_JSONMixin):
+    """A training run: task, optimizer, schedule, evaluation, checkpoints.
+
+    ``seq_len=None`` takes the task's natural length (see :mod:`harness.tasks`).
+    ``batch_size`` is the global batch; under DDP each process takes an equal share.
+    ``lr`` is the peak learning rate; for ``noam`` it multiplies Vaswani et al.'s formula
+    (``lr=1`` is the paper's schedule). ``warmup`` is in optimizer steps.
+    ``betas`` are Adam's (β1, β2); ``momentum`` is SGD-with-momentum's coefficient.
+    ``weight_decay`` is decoupled for ``adamw`` (Loshchilov & Hutter 2019) and an L2 term
+    for the others; biases, norm gains and embeddings never decay.
+    ``grad_clip=None`` disables clipping of the global gradient norm.
+    ``checkpoint_every=None`` checkpoints only at the end (and on stop or interrupt).
+    ``amp`` turns on bf16 autocast on CUDA; CPU runs train in the model's own dtype.
+    """
+
+    task: str = "induction"
+    seq_len: Optional[int] = None
+    task_options: dict = field(default_factory=dict)
+    batch_size: int = 64
+    steps: int = 1000
+    lr: float = 1e-3
+    optimizer: str = "adamw"
+    schedule: str = "warmup_cosine"
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.999)
+    momentum: float = 0.9
+    label_smoothing: float = 0.0
+    grad_clip: Optional[float] = 1.0
+    eval_every: int = 100
+    eval_batches: int = 4
+    checkpoint_every: Optional[int] = 500
+    log_every: int = 10
+    seed: int = 0
+    device: str = "auto"
+    compile: bool = False
+    amp: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task_options, dict):
+            raise _fail("task_options", self.task_options, "a dict of task option names to values")
+        check_options(self.task, self.task_options)
+        try:
+            json.dumps(self.task_options)
+        except TypeError:
+            raise _fail("task_options", self.task_options, "JSON-serializable values") from None
+        object.__setattr__(self, "task_options", dict(self.task_options))  # a private copy
+        if self.seq_len is not None:
+            _check_int("seq_len", self.seq_len, 2)
+        for name in ("batch_size", "steps", "eval_every", "eval_batches", "log_every"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("warmup", self.warmup, 0)
+        _check_int("seed", self.seed, 0)
+        if self.checkpoint_every is not None:
+            _check_int("checkpoint_every", self.checkpoint_every, 1)
+        _check_float("lr", self.lr, 0.0)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("schedule", self.schedule, SCHEDULES)
+        if self.schedule == "noam" and self.warmup < 1:
+            raise _fail("warmup", self.warmup, "at least 1 for the noam schedule (it divides by warmup^1.5)")
+        _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, low_inclusive=True)
+        _check_float("weight_decay", self.weight_decay, 0.0, low_inclusive=True)
+        if isinstance(self.betas, list):  # JSON has no tuples
+            object.__setattr__(self, "betas", tuple(self.betas))
+        if not isinstance(self.betas, tuple) or len(self.betas) != 2:
+            raise _fail("betas", self.betas, "a pair (beta1, beta2) of numbers in [0, 1)")
+        for i, b in enumerate(self.betas):
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 <= b < 1.0:
+                raise _fail(f"betas[{i}]", b, "a number in [0, 1)")
+        _check_float("momentum", self.momentum, 0.0, 1.0, low_inclusive=True)
+        if self.momentum >= 1.0:
+            raise _fail("momentum", self.momentum, "a number in [0, 1)")
+        _check_float("label_smoothing", self.label_smoothing, 0.0, 1.0, low_inclusive=True)
+        if self.label_smoothing >= 1.0:
+            raise _fail("label_smoothing", self.label_smoothing, "a number in [0, 1)")
+        if self.grad_clip is not None:
+            _check_float("grad_clip", self.grad_clip, 0.0)
+        _check_choice("device", self.device, DEVICES)
+        _check_bool("compile", self.compile)
+        _check_bool("amp", self.amp)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some fields changed (configs are never mutated)."""
+        return dataclasses.replace(self, **changes)
+
+    def differences(self, other: TrainConfig) -> list[str]:
+        """Names of the fields whose values differ from ``other``'s."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)]
