@@ -4,7 +4,8 @@ One step: draw the global batch from the task's seeded generator, keep this rank
 compute the (label-smoothed) loss on the masked targets, backpropagate, clip, update with
 the lr of this step (:func:`harness.schedules.lr_at`). Rows go to ``run_dir/metrics.csv``
 as training goes; checkpoints (:mod:`harness.checkpoint`) hold everything a step depends
-on, so a stopped and resumed run repeats a straight run's numbers exactly on CPU.
+on, so a stopped and resumed run repeats a straight run's numbers exactly on CPU (with the
+same torch thread count: a matmul splits its sums by thread, which moves the last bits).
 """
 
 from __future__ import annotations
@@ -143,12 +144,13 @@ def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_d
     model_cfg, model = _check_args(model_or_cfg, train_cfg, run_dir, resume, stop_after, overwrite, progress)
     run_dir = Path(run_dir)
     task = make_task(train_cfg.task, model_cfg.d_vocab, model_cfg.n_ctx, train_cfg.seq_len, train_cfg.task_options)
-    state = _check_run_dir(run_dir, model_cfg, train_cfg, resume, overwrite)
     info = distributed.setup(train_cfg.device)
     try:
         if train_cfg.batch_size % info.world_size:
             raise ValueError(f"batch_size={train_cfg.batch_size} is invalid: expected a multiple of the "
                              f"{info.world_size} data-parallel processes")
+        state = _check_run_dir(run_dir, model_cfg, train_cfg, resume, overwrite)
+        distributed.barrier(info)  # every rank has read run_dir before rank 0 changes it
         if info.is_main:
             if overwrite:
                 ckpt.remove_run(run_dir)
