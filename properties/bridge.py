@@ -55,7 +55,8 @@ class BridgeAdapter(HookedRootModule):
         if not _is_bridge(bridge):
             raise TypeError(f"BridgeAdapter expects a transformer_lens TransformerBridge, got {type(bridge).__name__}")
         if "blocks.0.attn.hook_pattern" not in bridge.hook_dict:
-            bridge.enable_compatibility_mode()  # TransformerLens hook names live in compatibility mode
+            # TransformerLens hook names live in compatibility mode; no_processing keeps the weights as given
+            bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
         self.bridge = bridge
         self._cfg = self._read_cfg(bridge.cfg)
         self.setup()
@@ -86,7 +87,9 @@ class BridgeAdapter(HookedRootModule):
             raise TypeError(f"from_hf expects a Hugging Face PreTrainedModel, got {type(hf_model).__name__}")
         arch = architecture or (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
         bridge = build_bridge_from_module(hf_model.eval(), arch, hf_config=hf_model.config)
-        bridge.enable_compatibility_mode()
+        # no_processing: keep Hugging Face's weights as they are (no LayerNorm folding or unembedding
+        # centering), so the adapter computes exactly the function the Hugging Face model computes.
+        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
         return cls(bridge)
 
     def setup(self) -> None:

@@ -92,7 +92,8 @@ def saturation_sweep(d_heads: Sequence[int] = (8, 16, 32, 64, 128, 256, 512),
     if not scaled or any(not isinstance(s, bool) for s in scaled):
         raise ValueError(f"scaled={scaled!r} is invalid: expected a non-empty sequence of bools")
     for name, value, minimum in (("d_model", d_model, 1), ("n_pos", n_pos, 2), ("batch", batch, 1)):
-        _check_ints(name, (value,), minimum)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {minimum}")
     rows = [_measure(d, s, seed, d_model, n_pos, batch) for s in scaled for d in d_heads for seed in seeds]
     return pd.DataFrame(rows, columns=COLUMNS)
 

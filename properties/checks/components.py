@@ -36,8 +36,10 @@ def harness_rotary(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 def _vectors(d: int):
-    floats = st.floats(-4.0, 4.0, allow_nan=False, allow_infinity=False, width=32)
-    return st.lists(floats, min_size=d, max_size=d).map(lambda v: torch.tensor(v, dtype=torch.float64))
+    # Integer components: both sides are bilinear in (q, k), so integer vectors lose no generality,
+    # and they shrink to short, readable counterexamples (float lists shrink slowly).
+    ints = st.integers(-3, 3)
+    return st.lists(ints, min_size=d, max_size=d).map(lambda v: torch.tensor(v, dtype=torch.float64))
 
 
 def rotary_formula(rotary: Optional[RotaryFn] = None, *, seed: int = 0,
@@ -49,8 +51,9 @@ def rotary_formula(rotary: Optional[RotaryFn] = None, *, seed: int = 0,
 
     @st.composite
     def strategy(draw):
-        d = 2 * draw(st.integers(1, 16))
-        q, k = draw(_vectors(d)), draw(_vectors(d))
+        d = 2 * draw(st.integers(1, 8))
+        # fixed-size draws cut to d, so shrinking d does not invalidate the vectors drawn after it
+        q, k = draw(_vectors(16))[:d], draw(_vectors(16))[:d]
         m, n, s = (draw(st.integers(0, MAX_POS)) for _ in range(3))
         return q, k, m, n, s
 
@@ -65,8 +68,7 @@ def rotary_formula(rotary: Optional[RotaryFn] = None, *, seed: int = 0,
 
     def describe(example):
         q, k, m, n, s = example
-        return f"d_head={q.numel()} q={[round(v, 3) for v in q.tolist()]} k={[round(v, 3) for v in k.tolist()]} " \
-               f"m={m} n={n} s={s}"
+        return f"d_head={q.numel()} q={[int(v) for v in q.tolist()]} k={[int(v) for v in k.tolist()]} m={m} n={n} s={s}"
 
     return search(ROTARY, TOLERANCE, strategy(), measure, describe, seed=seed, max_examples=max_examples)
 

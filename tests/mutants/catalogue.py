@@ -117,6 +117,16 @@ class PositionLeakModel(RefModel):
         return sinusoids(index, self.cfg.d_model, self.cfg.base)
 
 
+class OddFrequencySinusoidModel(RefModel):
+    def embed_positions(self, pos):
+        # the classic slip: PE(pos, 2i+1) = cos(pos / base^((2i+1)/d)) instead of base^(2i/d), so a
+        # sin/cos pair no longer shares a frequency and a shift is no longer a rotation
+        d = self.cfg.d_model
+        ang = pos.double()[..., None] / self.cfg.base ** (torch.arange(d, dtype=torch.float64) / d)
+        even = torch.arange(d) % 2 == 0
+        return torch.where(even, ang.sin(), ang.cos()).float()
+
+
 class RestartingCacheModel(RefModel):
     def step_positions(self, full_mask, past, offset):
         return self.positions(full_mask[:, past:], offset)  # each cached step restarts at position 0
@@ -165,6 +175,9 @@ MUTANTS: list[Mutant] = [
            ("pattern_distribution", "causal_outputs"), "softmax over the query axis"),
     Mutant("rotary_changes_norm", _model(NormChangingRopeAttention), _cfg(positional_embedding_type="rotary"),
            ("rotary_norm",), "cos and sin built with different frequency layouts"),
+    Mutant("sinusoid_pairs_split_frequency", OddFrequencySinusoidModel,
+           _cfg(positional_embedding_type="sinusoidal", attention_dir="bidirectional"),
+           ("sinusoidal_shift",), "cos uses exponent (2i+1)/d, sin 2i/d"),
     Mutant("kv_cache_restarts_positions", RestartingCacheModel, _cfg(positional_embedding_type="standard"),
            ("kv_cache",), "cached decoding numbers each new token from position 0"),
 ]
