@@ -95,7 +95,8 @@ class AttnlabGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-@click.group(cls=AttnlabGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(name="attnlab", cls=AttnlabGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(_version(), prog_name="attnlab")
 def cli() -> None:
     """attnlab: train, check, probe and report on small Transformers.
@@ -262,18 +263,15 @@ def demo(out_dir: str, overwrite: bool, check_examples: int, sequences: int, d_h
 
 @cli.command(short_help="Benchmark table for this machine.")
 @click.option("--full", is_flag=True, help="The full sizes (minutes) instead of the short CI sizes.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: CUDA when available, else CPU.")
 def bench(full: bool, device: str) -> None:
     """Print the side-by-side benchmark table (ratios measured in one run) for this machine."""
     try:
         from reports.bench import format_table, run_suite
     except ImportError as exc:
         raise CliError(f"error: the benchmark suite is not available in this install ({exc})") from None
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    click.echo(format_table(run_suite(BENCH_MODES[full], device)))
+    click.echo(format_table(run_suite(BENCH_MODES[full], None if device == "auto" else device)))
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ def _require(df: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
 def png_bytes(fig: Figure) -> bytes:
     """The figure as PNG bytes (what the HTML report embeds)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.08)
+    fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
 
@@ -302,7 +302,7 @@ def attention_patterns(patterns: pd.DataFrame, tokens: list[int] | None = None) 
             cells = patterns[(patterns["layer"] == head.layer) & (patterns["head"] == head.head)]
             m = np.full((n_pos, n_pos), np.nan)
             m[cells["query"].to_numpy(int), cells["key"].to_numpy(int)] = cells["weight"].to_numpy(float)
-            ax.imshow(m, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+            ax.imshow(m, cmap="Blues", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
             title = head_label(head.layer, head.head)
             if "rank" in heads.columns:
                 title += f"  (#{int(head.rank) + 1} by importance)"

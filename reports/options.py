@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import click
 
@@ -37,6 +37,16 @@ class CommaInts(click.ParamType):
         return out
 
 
+class _ExplicitNone:
+    """``none`` given on the command line: unlike an unset option (None), it sets the field to None."""
+
+    def __repr__(self) -> str:
+        return "none"
+
+
+EXPLICIT_NONE = _ExplicitNone()
+
+
 class OptionalNumber(click.ParamType):
     """A number, or ``none`` for a field whose None switches the feature off."""
 
@@ -44,11 +54,11 @@ class OptionalNumber(click.ParamType):
         self.kind = kind
         self.name = f"{kind.__name__.upper()}|none"
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> Optional[float | int]:
-        if value is None or isinstance(value, self.kind):
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value is None or value is EXPLICIT_NONE or isinstance(value, self.kind):
             return value
         if str(value).lower() == "none":
-            return None
+            return EXPLICIT_NONE
         try:
             return self.kind(value)
         except ValueError:
@@ -168,6 +178,10 @@ model_options = _decorator(MODEL_FIELDS, "model__", "ModelConfig")
 train_options = _decorator(TRAIN_FIELDS, "train__", "TrainConfig")
 
 
+def _value(value: Any) -> Any:
+    return None if value is EXPLICIT_NONE else value
+
+
 def model_and_train_configs(values: dict[str, Any]) -> tuple[Any, Any]:
     """The demo configs with every option that was given applied; the dataclasses validate."""
     import harness
@@ -177,7 +191,7 @@ def model_and_train_configs(values: dict[str, Any]) -> tuple[Any, Any]:
     for option, field, _kind, _text in MODEL_FIELDS:
         value = values.pop(_param_name(option, "model__"))
         if value is not None:
-            model_changes[field] = NORM_CHOICES[value] if field == "normalization_type" else value
+            model_changes[field] = NORM_CHOICES[value] if field == "normalization_type" else _value(value)
     if "d_model" in model_changes or "n_heads" in model_changes:
         # d_head and d_mlp default from d_model and n_heads: re-derive them unless given explicitly.
         model_changes.setdefault("d_head", None)
@@ -189,7 +203,7 @@ def model_and_train_configs(values: dict[str, Any]) -> tuple[Any, Any]:
         if field == "task_options":
             extra = dict(value or ())
         elif value is not None:
-            train_changes[field] = value
+            train_changes[field] = _value(value)
     same_task = train_changes.get("task", base_train.task) == base_train.task
     if not same_task:  # the demo's task options and length belong to its task, not the new one
         train_changes.setdefault("seq_len", None)
