@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
 from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Flaky
 from hypothesis.strategies import SearchStrategy
 
 
@@ -71,7 +72,10 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
     worst = [0.0]
 
     def prop(example: Any) -> None:
-        deviation, where = measure(example)
+        try:
+            deviation, where = measure(example)
+        except Exception as exc:  # a model that crashes on a valid protocol input fails the property
+            deviation, where = math.inf, f"raised {type(exc).__name__}: {exc}"
         deviation = float(deviation)
         if math.isnan(deviation):
             deviation = math.inf
@@ -96,4 +100,7 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
         test()
     except Violation as v:  # hypothesis re-raises the shrunk (minimal) failing example last
         return PropertyResult(name, True, False, worst[0], tolerance, v.description)
+    except Flaky:  # the same input failed once and passed on replay: the model is not deterministic
+        return PropertyResult(name, True, False, worst[0], tolerance,
+                              "non-deterministic: an input failed once and passed when replayed")
     return PropertyResult(name, True, True, worst[0], tolerance, "")

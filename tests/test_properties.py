@@ -19,6 +19,7 @@ import properties
 from harness import ModelConfig, Transformer
 from harness import positions as P
 from properties import check_model, check_protocol
+from tests.mutants.base import RefConfig, RefModel
 from tests.mutants.catalogue import MUTANTS
 
 FAST = 6  # examples per search in these fast tests; the ci profile's 25 run in nox -s properties
@@ -95,6 +96,30 @@ def test_bad_arguments(kw, match):
         check_model(small(n_layers=1), **kw)
 
 
+def test_a_crash_on_valid_input_is_a_failure_not_an_error():
+    class NoPadding(RefModel):
+        def forward(self, tokens, attention_mask=None, position_offset=0, cache=None):
+            if attention_mask is not None and not bool(attention_mask.all()):
+                raise ValueError("padding is not supported")
+            return super().forward(tokens, attention_mask, position_offset, cache)
+
+    result = properties.padding_outputs(NoPadding(RefConfig()), max_examples=FAST)
+    assert result.passed is False and result.worst == math.inf
+    assert result.counterexample == "tokens=[[0, 0]] mask=[[0, 1]]: raised ValueError: padding is not supported"
+
+
+def test_a_non_deterministic_model_is_reported():
+    class Glitch(RefModel):
+        calls = 0
+
+        def forward(self, tokens, attention_mask=None, position_offset=0, cache=None):
+            type(self).calls += 1  # one glitched forward pass, never repeated on replay
+            return super().forward(tokens, attention_mask, position_offset, cache) + float(type(self).calls == 6)
+
+    result = properties.batch_independence(Glitch(RefConfig()), max_examples=FAST)
+    assert result.passed is False and result.counterexample.startswith("non-deterministic")
+
+
 # --- the protocol ---------------------------------------------------------------------------
 
 class Cfg:
@@ -133,17 +158,16 @@ def test_protocol_lists_cfg_and_forward_problems():
     class BadCfg(Cfg):
         positional_embedding_type = "learned"
 
-    cfg = BadCfg()
+    class NoDirection:
+        n_layers, n_heads, d_head, d_model, d_vocab, n_ctx = 1, 1, 4, 4, 5, 8
+        positional_embedding_type = "none"
+
     with pytest.raises(TypeError, match="'position_offset'"):
         check_protocol(NoOffset())
     with pytest.raises(TypeError, match="positional_embedding_type='learned'"):
-        check_protocol(Bare(cfg))
-    del Cfg.attention_dir
-    try:
-        with pytest.raises(TypeError, match=r"no cfg\.attention_dir"):
-            check_protocol(Bare())
-    finally:
-        Cfg.attention_dir = "causal"
+        check_protocol(Bare(BadCfg()))
+    with pytest.raises(TypeError, match=r"no cfg\.attention_dir"):
+        check_protocol(Bare(NoDirection()))
 
 
 def test_protocol_checks_logits_shape():

@@ -3,15 +3,17 @@
 - ``relative_position`` (rotary, alibi, none): ``forward(tokens, position_offset=c)`` equals
   ``c = 0``. RoPE scores depend on m - n only (Su et al. 2021 eq. 16), ALiBi biases on
   |i - j| (Press et al. 2022), and without positions nothing depends on position at all.
-  Offsets reach ``MAX_OFFSET = 256``: float32 rotary angles at position p carry an absolute
-  error ~p * 2^-24 < 2e-5 rad there, far below ``_common.LOGIT_RTOL``.
+  Offsets reach ``MAX_OFFSET = 256`` or as far as positions stay < n_ctx (the protocol's
+  context): float32 rotary angles at position p carry an absolute error ~p * 2^-24 < 2e-5 rad
+  there, far below ``_common.LOGIT_RTOL``.
 - ``rotary_norm``: RoPE rotates pairs, so ``|rot_q| == |q|`` and ``|rot_k| == |k|`` for every head
   and position; relative tolerance 1e-5 (a float32 rotation changes a norm by ~3 * 2^-24).
 - ``sinusoidal_shift``: Vaswani et al. 2017 §3.5 chose sinusoids because PE(pos + k) is a
   fixed rotation R(k) of PE(pos); rotations keep inner products, so the Gram matrix of
   ``hook_pos_embed`` is the same at every position offset. This needs no knowledge of the
-  sin/cos layout. Tolerance 1e-4 of ``max(1, max|Gram|)``: float32 angles up to position 72
-  are off by < 5e-6 rad, so a Gram entry (a sum of d_model products <= 1) by < 2e-5 relative.
+  sin/cos layout. Offsets up to 64 (positions < n_ctx). Tolerance 1e-4 of ``max(1, max|Gram|)``:
+  float32 angles up to position 72 are off by < 5e-6 rad, so a Gram entry (a sum of d_model
+  products <= 1) by < 2e-5 relative.
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ NORM_RTOL = 1e-5
 GRAM_RTOL = 1e-4
 
 
+def _tokens_and_offset(cfg, min_offset: int, max_offset: int, max_batch: int = 2, min_len: int = 1):
+    """Tokens and an offset in [min_offset, max_offset] with every position below n_ctx."""
+    longest = max(min_len, min(max_len(cfg), cfg.n_ctx - min_offset))
+
+    @st.composite
+    def build(draw):
+        x = draw(token_batches(cfg.d_vocab, max_batch=max_batch, min_len=min_len, max_len=longest))
+        top = max(min_offset, min(max_offset, cfg.n_ctx - x.shape[1]))
+        return x, draw(position_offsets(top, min_offset=min_offset))
+
+    return build()
+
+
 def _describe(example) -> str:
     x, offset = example
     return f"tokens={x.tolist()} position_offset={offset}"
@@ -40,10 +55,9 @@ def relative_position(model, *, seed: int = 0, max_examples: int | None = None) 
     """``forward(tokens, position_offset=c) == forward(tokens)`` for rotary, ALiBi and position-free models."""
     check_protocol(model)
     cfg = model.cfg
-    if cfg.positional_embedding_type not in ("rotary", "alibi", "none"):
+    if cfg.positional_embedding_type not in ("rotary", "alibi", "none") or cfg.n_ctx < 2:
         return PropertyResult.not_applicable(RELATIVE, LOGIT_RTOL)
-    strategy = st.tuples(token_batches(cfg.d_vocab, max_batch=2, max_len=max_len(cfg)),
-                         position_offsets(MAX_OFFSET, min_offset=1))
+    strategy = _tokens_and_offset(cfg, 1, MAX_OFFSET)
 
     def measure(example):
         x, offset = example
@@ -63,8 +77,7 @@ def rotary_norm(model, *, seed: int = 0, max_examples: int | None = None) -> Pro
         return PropertyResult.not_applicable(ROTARY_NORM, NORM_RTOL)
     pairs = [(f"blocks.{layer}.attn.hook_{a}", f"blocks.{layer}.attn.hook_rot_{a}", layer, a)
              for layer in range(cfg.n_layers) for a in ("q", "k")]
-    strategy = st.tuples(token_batches(cfg.d_vocab, max_batch=2, max_len=max_len(cfg)),
-                         position_offsets(MAX_OFFSET))
+    strategy = _tokens_and_offset(cfg, 0, MAX_OFFSET)
 
     def measure(example):
         x, offset = example
@@ -88,11 +101,10 @@ def sinusoidal_shift(model, *, seed: int = 0, max_examples: int | None = None) -
     """The Gram matrix of ``hook_pos_embed`` does not change with ``position_offset`` (sinusoidal models)."""
     check_protocol(model)
     cfg = model.cfg
-    if cfg.positional_embedding_type != "sinusoidal" or cfg.n_ctx < 2:
+    if cfg.positional_embedding_type != "sinusoidal" or cfg.n_ctx < 3:
         return PropertyResult.not_applicable(SINUSOIDAL, GRAM_RTOL)
     name = "hook_pos_embed"
-    strategy = st.tuples(token_batches(cfg.d_vocab, max_batch=1, min_len=2, max_len=max_len(cfg)),
-                         position_offsets(64, min_offset=1))
+    strategy = _tokens_and_offset(cfg, 1, 64, max_batch=1, min_len=2)
 
     def measure(example):
         x, offset = example
