@@ -10,7 +10,7 @@ Layout of ``run_dir/checkpoint/``:
 A checkpoint is written whole into ``checkpoint.tmp/`` (each file fsynced), and only then
 swapped in: ``checkpoint/`` -> ``checkpoint.old/``, ``checkpoint.tmp/`` -> ``checkpoint/``.
 A process killed at any point leaves either the previous complete checkpoint or the new
-one; :func:`checkpoint_dir` finishes an interrupted swap. Loading never unpickles: a
+one: readers find it through :func:`checkpoint_dir`, and the next write finishes the swap. Loading never unpickles: a
 ``torch.save`` file where a safetensors file belongs is refused, since a pickle can run code.
 """
 
@@ -110,16 +110,28 @@ def set_rng_state(state: dict, task_generator: torch.Generator) -> None:
 
 # --- reading with clear errors --------------------------------------------------------------
 def checkpoint_dir(run_dir: Path) -> Path:
-    """``run_dir/checkpoint``, finishing a swap that a killed process left half done."""
+    """The folder holding the run's latest complete checkpoint; only reads, never renames.
+
+    Normally ``run_dir/checkpoint``. A writer killed between its two renames leaves no
+    ``checkpoint/`` but ``checkpoint.old/``; the swap starts only once ``checkpoint.tmp/`` is
+    complete, so that tmp (when present) is the newest complete checkpoint, else the old one.
+    """
     run_dir = Path(run_dir)
     final, tmp, old = run_dir / CHECKPOINT, run_dir / TMP, run_dir / OLD
+    if final.exists() or not old.exists():
+        return final
+    return tmp if tmp.exists() else old
+
+
+def finish_swap(run_dir: Path) -> None:
+    """Complete a swap a killed writer left half done (only the process that writes calls this)."""
+    run_dir = Path(run_dir)
+    final, old = run_dir / CHECKPOINT, run_dir / OLD
     if not final.exists() and old.exists():
-        # The swap starts only once checkpoint.tmp is complete, so a tmp that exists now is the newer one.
-        os.rename(tmp if tmp.exists() else old, final)
+        os.rename(checkpoint_dir(run_dir), final)
         _fsync_dir(run_dir)
-    if final.exists() and old.exists():
-        shutil.rmtree(old)
-    return final
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def has_run(run_dir: Path) -> bool:
@@ -225,7 +237,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     """Write a complete checkpoint and swap it in atomically; returns ``run_dir/checkpoint``."""
     run_dir = Path(run_dir)
     final, tmp, old = run_dir / CHECKPOINT, run_dir / TMP, run_dir / OLD
-    checkpoint_dir(run_dir)  # finish any interrupted swap before starting a new one
+    finish_swap(run_dir)  # an interrupted swap's newest checkpoint becomes checkpoint/ first
     if tmp.exists():
         shutil.rmtree(tmp)  # a write that never finished
     tmp.mkdir(parents=True)
@@ -243,8 +255,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
         os.rename(final, old)
     os.rename(tmp, final)
     _fsync_dir(run_dir)
-    if old.exists():
-        shutil.rmtree(old)
+    shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -18,6 +18,15 @@ from torch import nn
 
 from harness.checkpoint import atomic_write_text
 
+# step          the optimizer update the row ends at (1-based)
+# lr            that update's learning rate
+# train_loss    mean training objective (label-smoothed if configured) over the updates since the last row
+# val_loss      plain cross-entropy on the fixed validation batches (empty between evaluations)
+# val_accuracy  argmax accuracy on the validation targets (empty between evaluations)
+# grad_norm     global gradient norm of the row's update, before clipping
+# tokens_per_s  tokens (every position of the global batch) per second of update time since the last row
+# elapsed_s     wall-clock seconds since the run began, summed over resumed segments
+# mfu           model FLOPs utilization: flops_per_token * tokens_per_s / peak FLOP/s of all devices
 COLUMNS = ("step", "lr", "train_loss", "val_loss", "val_accuracy", "grad_norm", "tokens_per_s", "elapsed_s", "mfu")
 
 # Dense peak FLOP/s per GPU as (bf16, tf32), from NVIDIA's datasheets. The PCIe H100 is
@@ -104,7 +113,9 @@ class MetricsLog:
         if not self.enabled or not self.path.exists():
             return
         lines = self.path.read_text().splitlines(keepends=True)
-        keep = lines[:1] + [ln for ln in lines[1:] if ln.strip() and int(ln.split(",", 1)[0]) <= step]
+        # A row cut short by a kill has no newline (or too few fields): drop it with the rest.
+        keep = lines[:1] + [ln for ln in lines[1:] if ln.endswith("\n") and ln.count(",") == len(COLUMNS) - 1
+                            and int(ln.split(",", 1)[0]) <= step]
         if len(keep) != len(lines):
             atomic_write_text(self.path, "".join(keep))
 

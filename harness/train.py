@@ -132,10 +132,12 @@ def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_d
     """Train a model on ``train_cfg.task``; returns the metrics (also in ``run_dir/metrics.csv``).
 
     ``model_or_cfg``: a ModelConfig (a fresh model is built from it) or a Transformer
-    (trained in place). ``resume=True`` continues the checkpoint in ``run_dir`` up to
-    ``train_cfg.steps``; ``stop_after=k`` stops after step k as an interruption would
-    (checkpoint written, schedule unchanged). An existing run in ``run_dir`` is refused
-    unless ``resume`` or ``overwrite``. ``progress``: a tqdm bar; None shows it only when
+    (trained in place; when resuming, its weights are replaced by the checkpoint's).
+    ``resume=True`` continues the checkpoint in ``run_dir`` up to ``train_cfg.steps``
+    (which may have grown; see ``RESUMABLE_CHANGES``); ``stop_after=k`` stops after step k
+    as an interruption would (checkpoint written, schedule unchanged). An existing run in
+    ``run_dir`` is refused unless ``resume`` or ``overwrite`` (which deletes only what
+    ``train`` wrote there). ``progress``: a tqdm bar; None shows it only when
     stderr is a terminal. Raises :class:`TrainingDiverged` on a non-finite loss; on
     Ctrl-C, saves a checkpoint at the end of the current step and re-raises KeyboardInterrupt.
     Under ``torchrun`` (WORLD_SIZE > 1) training is data-parallel and rank 0 alone writes;
@@ -150,6 +152,14 @@ def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_d
             raise ValueError(f"batch_size={train_cfg.batch_size} is invalid: expected a multiple of the "
                              f"{info.world_size} data-parallel processes")
         state = _check_run_dir(run_dir, model_cfg, train_cfg, resume, overwrite)
+        if state is not None:
+            done = state["step"]
+            if done > train_cfg.steps:
+                raise ValueError(f"cannot resume {run_dir}: its checkpoint is at step {done}, past "
+                                 f"steps={train_cfg.steps}: expected steps >= {done}")
+            if stop_after is not None and stop_after <= done:
+                raise ValueError(f"stop_after={stop_after} is invalid: the checkpoint in {run_dir} is already "
+                                 f"at step {done}: expected a later step")
         distributed.barrier(info)  # every rank has read run_dir before rank 0 changes it
         if info.is_main:
             if overwrite:

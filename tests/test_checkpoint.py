@@ -1,6 +1,7 @@
 """Checkpoints: exact resume, interruption, atomic swaps, refusals, and no pickle ever."""
 
 import json
+import multiprocessing as mp
 import os
 import pickle
 import shutil
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from harness import ModelConfig, TrainConfig, Transformer, load_run, train
-from harness.checkpoint import OLD, TMP, atomic_write_text, read_state
+from harness.checkpoint import OLD, TMP, atomic_write_text, finish_swap, read_state
 from harness.optim import make_optimizer, optimizer_state_from_tensors, optimizer_state_to_tensors
 
 MODEL = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=16, n_ctx=16)
@@ -106,10 +107,13 @@ def test_interrupted_swaps_are_recovered(tmp_path):
     shutil.rmtree(tmp_path / TMP)
     shutil.copytree(ckpt, tmp_path / TMP)
     os.rename(ckpt, tmp_path / OLD)
-    assert read_state(tmp_path)["step"] == 2
+    assert read_state(tmp_path)["step"] == 2 and isinstance(load_run(tmp_path), Transformer)
+    assert not ckpt.exists(), "readers never rename: a writer may be mid-swap"
+    finish_swap(tmp_path)
     assert ckpt.is_dir() and not (tmp_path / OLD).exists() and not (tmp_path / TMP).exists()
-    # ... or with only checkpoint.old/ left: the previous checkpoint comes back.
+    # ... or with only checkpoint.old/ left: the previous checkpoint is read, and the next write restores order.
     os.rename(ckpt, tmp_path / OLD)
+    assert read_state(tmp_path)["step"] == 2
     df = train(MODEL, CFG.replace(steps=4), tmp_path, resume=True, progress=False)
     assert df["step"].max() == 4 and read_state(tmp_path)["step"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.csv"]
@@ -243,3 +247,48 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     atomic_write_text(tmp_path / "a.txt", "two")
     assert (tmp_path / "a.txt").read_text() == "two"
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+def test_resume_bounds(run):
+    with pytest.raises(ValueError, match="stop_after=2 is invalid.*already at step 2"):
+        train(MODEL, CFG.replace(steps=4), run, resume=True, stop_after=2, progress=False)
+    with pytest.raises(ValueError, match="past steps=1"):
+        train(MODEL, CFG.replace(steps=1), run, resume=True, progress=False)
+    before = (run / "metrics.csv").read_bytes()
+    done = train(MODEL, CFG.replace(steps=2), run, resume=True, progress=False)  # finished: nothing to do
+    assert done["step"].tolist() == [2] and (run / "metrics.csv").read_bytes() == before
+
+
+def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, straight):
+    train(MODEL, CFG, tmp_path, stop_after=7, progress=False)
+    with open(tmp_path / "metrics.csv", "a") as f:
+        f.write("1")  # the start of the step-9 row, as a kill mid-write would leave it
+    rest = train(MODEL, CFG, tmp_path, resume=True, progress=False)
+    assert_same_run(*straight["adamw"], tmp_path, rest)
+
+
+def _train_until_killed(run_dir):
+    torch.set_num_threads(1)
+    from harness.checkpoint import has_run
+
+    train(MODEL, CFG.replace(checkpoint_every=1), run_dir, resume=has_run(run_dir), progress=False)
+    os._exit(0)
+
+
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs fork")
+def test_sigkill_at_any_moment_leaves_a_resumable_run(tmp_path, straight):
+    """Kill -9 a run that checkpoints every step, several times at different moments; every
+    time the run must load, and the final resumed run must equal the straight one."""
+    ctx = mp.get_context("fork")  # the child inherits the imports, so it starts at once
+    for delay in (0.05, 0.3, 0.15, 0.45, 0.25):
+        child = ctx.Process(target=_train_until_killed, args=(tmp_path,))
+        child.start()
+        child.join(timeout=delay)
+        if child.is_alive():
+            os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        if (tmp_path / "checkpoint").exists() or (tmp_path / OLD).exists():
+            assert isinstance(load_run(tmp_path), Transformer)
+            assert read_state(tmp_path)["step"] <= CFG.steps
+    rest = train(MODEL, CFG, tmp_path, resume=True, progress=False)
+    assert_same_run(*straight["adamw"], tmp_path, rest)

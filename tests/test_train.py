@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from harness import ModelConfig, TrainConfig, Transformer, demo_configs, load_run, train
-from harness.metrics import COLUMNS, cpu_matmul_rate, flops_per_token, non_embedding_params
+from harness.metrics import COLUMNS, cpu_matmul_rate, flops_per_token, non_embedding_params, peak_flops
 from harness.optim import make_optimizer, param_groups, smoothed_cross_entropy
 from harness.schedules import lr_at
 from harness.tasks import make_task, shifted
@@ -255,3 +255,18 @@ def test_demo_learns_induction(tmp_path):
     assert curve["step"].iloc[-1] == 300
     assert curve["val_accuracy"].iloc[-1] >= 0.9, curve[["step", "elapsed_s", "val_accuracy"]].to_string()
     assert curve["val_accuracy"].iloc[0] < 0.2  # it learned: chance on 64 tokens is ~0.02
+
+
+@pytest.mark.parametrize("name,bf16,peak", [("NVIDIA H200", True, 989e12), ("NVIDIA H100 80GB HBM3", True, 989e12),
+                                            ("NVIDIA H100 PCIe", True, 756e12), ("NVIDIA A100-SXM4-80GB", True, 312e12),
+                                            ("NVIDIA A100-SXM4-80GB", False, 156e12)])
+def test_gpu_peaks_come_from_the_table(monkeypatch, name, bf16, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda", 0), bf16) == peak
+
+
+def test_unknown_gpu_has_no_peak_and_cpu_peak_is_measured(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    assert math.isnan(peak_flops(torch.device("cuda", 0), True))
+    rate = peak_flops(torch.device("cpu"), False)
+    assert rate == cpu_matmul_rate(torch.get_num_threads()) and 1e8 < rate < 1e14
