@@ -298,9 +298,9 @@ class _Loop:
     def run(self, end: int) -> pd.DataFrame:
         cfg = self.cfg
         self.t0 = time.perf_counter()
-        prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+        prev_precision = torch.get_float32_matmul_precision()
         if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: ~8x fp32 throughput on Ampere+
+            torch.set_float32_matmul_precision("high")  # TF32 matmuls: ~8x fp32 throughput on Ampere+
         try:
             with _InterruptFlag() as interrupt:
                 if self.last_saved is None:
@@ -324,7 +324,7 @@ class _Loop:
                         raise KeyboardInterrupt(f"training interrupted after step {step}; checkpoint saved in "
                                                 f"{self.run_dir / ckpt.CHECKPOINT} (resume=True continues)")
         finally:
-            torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+            torch.set_float32_matmul_precision(prev_precision)
             self.bar.close()
             self.metrics.close()
         return self.metrics.frame()

@@ -38,6 +38,7 @@ def _worker(rank: int, port: int, run_dir: str, out: mp.Queue) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs the fork start method")
 def test_two_processes_match_one(tmp_path):
     torch.set_num_threads(1)
     try:
