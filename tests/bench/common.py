@@ -1,28 +1,15 @@
-"""Side-by-side timing: contenders run interleaved in the same process, so machine noise
-hits them alike, and only ratios of medians are reported."""
+"""Shared by the benchmark tests: the mode, the side-by-side timer (from :mod:`reports.bench_core`,
+so ``attnlab bench`` and these tests time alike) and how a figure is recorded."""
 
 from __future__ import annotations
 
 import os
-import statistics
-import time
-from collections.abc import Callable
+
+from reports.bench_core import interleaved_medians
 
 FULL = os.environ.get("ATTNLAB_BENCH", "short") == "full"
 
-
-def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each function, calls interleaved round by round."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+__all__ = ["FULL", "interleaved_medians", "report"]
 
 
 def report(benchmark, title: str, **figures: float) -> None:

@@ -1,0 +1,189 @@
+"""Training-step rows: our ``Transformer`` vs :class:`PlainGPT`, and model FLOPs utilization.
+
+A training step is forward, loss, backward and AdamW. On CUDA it runs under bf16 autocast
+with TF32 matmuls, attention through ``scaled_dot_product_attention`` (flash kernels), and
+optionally ``torch.compile`` (both contenders alike, so the ratio stays fair).
+
+``torch.compile`` and hooks: TorchDynamo does not guard on nn.Module hook dictionaries
+(``torch._dynamo.config.skip_nnmodule_hook_guards`` is True by default), so a graph traced with
+no hook attached keeps running without the hooks added later: they silently never fire.
+:class:`HookAwareCompiled` runs the compiled graph only while no hook is attached and the
+eager model otherwise, so hooks always fire and no hook set triggers a recompilation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.metrics import flops_per_token, peak_flops
+from harness.model import Transformer
+from reports.bench_core import Row, Shape, interleaved_medians
+from reports.bench_reference import PlainGPT
+
+# The CPU "peak" is the fp32 rate of square matmuls of this size, as harness.metrics.cpu_matmul_rate
+# measures it for the training metrics; here it is timed interleaved with the training steps.
+PEAK_MATMUL_N = 512
+
+
+class HookAwareCompiled(nn.Module):
+    """``torch.compile(model)`` while no hook point of ``model`` has a hook; ``model`` itself otherwise.
+
+    Checking every hook point costs about a microsecond per hundred points, once per call.
+    """
+
+    def __init__(self, model: nn.Module, **compile_kwargs: Any):
+        super().__init__()
+        hook_dict = getattr(model, "hook_dict", None)
+        if not isinstance(hook_dict, dict):
+            raise TypeError("HookAwareCompiled expects a HookedRootModule (with hook_dict), "
+                            f"got {type(model).__name__}")
+        self.model = model
+        self._points = list(hook_dict.values())
+        # Kept out of the module tree: the compiled wrapper shares model's parameters, and registering
+        # it would list every parameter twice in state_dict().
+        object.__setattr__(self, "_compiled", torch.compile(model, **compile_kwargs))
+
+    def hooked(self) -> bool:
+        return any(hp._forward_hooks or hp._backward_hooks for hp in self._points)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.hooked():
+            return self.model(*args, **kwargs)
+        return self._compiled(*args, **kwargs)
+
+
+def amp_context(device: torch.device, amp: bool) -> Callable[[], contextlib.AbstractContextManager]:
+    """bf16 autocast on CUDA when ``amp``; nothing on CPU (the CPU peak is fp32)."""
+    if amp and device.type == "cuda":
+        return lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def make_train_step(forward: Callable, params: list, tokens: torch.Tensor, amp: bool) -> Callable[[], None]:
+    """One step on ``tokens`` ``[batch, T+1]``: next-token loss over T positions, backward, AdamW."""
+    device = tokens.device
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
+    ctx = amp_context(device, amp)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:].reshape(-1)
+
+    def step() -> None:
+        with ctx():
+            logits = forward(inputs)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def matmul_peak_fn(flops: float, device: torch.device) -> tuple[Callable[[], None], float]:
+    """A function doing about ``flops`` FLOPs of fp32 ``PEAK_MATMUL_N``-square matmuls, and its exact FLOPs.
+
+    Timed as one more contender next to the training steps, its median time gives the peak rate
+    under the same machine noise as the steps themselves.
+    """
+    n = PEAK_MATMUL_N
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(device) for _ in range(2))
+    out = torch.empty(n, n, device=device)
+    reps = max(1, round(flops / (2.0 * n ** 3)))
+
+    def fn() -> None:
+        for _ in range(reps):
+            torch.mm(a, b, out=out)
+
+    return fn, 2.0 * n ** 3 * reps
+
+
+def train_contenders(shape: Shape, device: torch.device, amp: bool, compile_models: bool
+                     ) -> tuple[Transformer, dict[str, Callable[[], None]]]:
+    """Our model and ``{"ours": step, "plain": step}``: training steps of ours and PlainGPT on the same tokens."""
+    ours = Transformer(shape.config()).to(device).train()
+    plain = PlainGPT(shape.n_layers, shape.d_model, shape.n_heads, shape.n_ctx, shape.d_vocab).to(device).train()
+    n_ours, n_plain = (sum(p.numel() for p in m.parameters()) for m in (ours, plain))
+    if n_ours != n_plain:  # the comparison is only fair for the same computation
+        raise RuntimeError(f"train-step benchmark at {shape.label}: our model has {n_ours} parameters, "
+                           f"PlainGPT {n_plain}: the shapes no longer match")
+    fwd_ours: Callable = HookAwareCompiled(ours) if compile_models else ours
+    fwd_plain: Callable = torch.compile(plain) if compile_models else plain
+    tokens = shape.tokens(device, extra=1)
+    steps = {"ours": make_train_step(fwd_ours, list(ours.parameters()), tokens, amp),
+             "plain": make_train_step(fwd_plain, list(plain.parameters()), tokens, amp)}
+    return ours, steps
+
+
+def train_step_row(shape: Shape, device: torch.device, rounds: int, *, amp: bool = False,
+                   compile_models: bool = False) -> Row:
+    """Training step of ours vs PlainGPT at ``shape``: speed ratio plain time / our time, goal >= 1."""
+    _, steps = train_contenders(shape, device, amp, compile_models)
+    med = interleaved_medians(steps, rounds=rounds, device=device)
+    return Row(f"train step vs plain GPT, {shape.label}", med["ours"], med["plain"], "s/step",
+               med["plain"] / med["ours"], ">=", 1.0)
+
+
+def mfu_rows(shape: Shape, device: torch.device, rounds: int, *, amp: bool = False, compile_models: bool = False,
+             goal: float = 0.75) -> list[Row]:
+    """Training-step speed vs PlainGPT and MFU at ``shape``, measured in one interleaved run.
+
+    MFU (Chowdhery et al. 2022, PaLM, App. B) = FLOPs per token (6N + 12·L·d·T, Kaplan et al. 2020
+    §2.1, :func:`harness.metrics.flops_per_token`) x tokens/s / peak FLOP/s. The peak is the
+    datasheet bf16 rate on a known GPU, and on CPU the fp32 matmul rate timed next to the steps.
+    """
+    ours, steps = train_contenders(shape, device, amp, compile_models)
+    fpt = flops_per_token(ours, shape.n_ctx)
+    step_flops = fpt * shape.batch * shape.n_ctx
+    peak: Optional[float] = None
+    if device.type == "cuda":
+        peak = peak_flops(device, amp)
+    else:
+        steps["peak"], peak_work = matmul_peak_fn(step_flops, device)
+    med = interleaved_medians(steps, rounds=rounds, device=device)
+    if peak is None:
+        peak = peak_work / med["peak"]
+    achieved, achieved_plain = step_flops / med["ours"], step_flops / med["plain"]
+    kind = "bf16 datasheet" if device.type == "cuda" else "fp32 matmul measured"
+    note = f"peak {kind}; plain GPT MFU {achieved_plain / peak:.1%}" if math.isfinite(peak) else \
+        f"no datasheet peak for {torch.cuda.get_device_name(device)}"
+    return [
+        Row(f"train step vs plain GPT, {shape.label}", med["ours"], med["plain"], "s/step",
+            med["plain"] / med["ours"], ">=", 1.0),
+        Row(f"MFU of the train step, {shape.label}", achieved, peak, "FLOP/s", achieved / peak, ">=", goal, note),
+    ]
+
+
+def compiled_hook_check(device: torch.device, backend: str = "inductor") -> dict:
+    """Whether a hook added after ``torch.compile`` fires: through :class:`HookAwareCompiled` (must)
+    and through a bare ``torch.compile(model)`` (TorchDynamo's default: it does not).
+
+    Returns ``{"compiled_hook_fires": bool, "compiled_after_removal_equal": bool,
+    "bare_compile_hook_fires": bool}``.
+    """
+    shape = Shape(2, 64, 4, 16, 2, 64)
+    model = Transformer(shape.config()).to(device).eval()
+    tokens = shape.tokens(device)
+    torch._dynamo.reset()  # a fresh cache: earlier graphs of other models must not be reused
+    result = {}
+    for label, fwd in (("compiled", HookAwareCompiled(model, backend=backend)),
+                       ("bare_compile", torch.compile(model, backend=backend))):
+        with torch.no_grad():
+            before = fwd(tokens)
+            fired: list[int] = []
+
+            def zero(z: torch.Tensor, hook: Any, fired: list = fired) -> torch.Tensor:
+                fired.append(1)
+                return torch.zeros_like(z)
+
+            with model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", zero)]):
+                fwd(tokens)
+            result[f"{label}_hook_fires"] = bool(fired)
+            if label == "compiled":
+                result["compiled_after_removal_equal"] = bool(torch.equal(fwd(tokens), before))
+    return result
