@@ -18,12 +18,13 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from reports.cluster import average_linkage
 
 DPI = 110
 ORDER_COLORS = {"importance": "#0072B2", "random": "#D55E00"}
-SCALED_LABELS = {True: "scaled  (÷√d_head)", False: "unscaled"}
+SCALED_LABELS = {True: "scaled (÷√d_head)", False: "unscaled"}
 
 
 @contextlib.contextmanager
@@ -68,6 +69,17 @@ def _wide_positive(values: pd.Series) -> bool:
     return len(v) > 0 and bool((v > 0).all()) and float(v.max()) > 3 * float(v.min())
 
 
+def _log_y(ax, values: pd.Series) -> None:
+    """Log y axis labelled in plain numbers; minor ticks get labels only when the data span under a decade."""
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    v = values[values > 0]
+    narrow = len(v) > 0 and float(v.max()) < 10 * float(v.min())
+    ax.yaxis.set_minor_formatter(plain if narrow else NullFormatter())
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
 def head_label(layer: int, head: int) -> str:
     return f"L{int(layer)}H{int(head)}"
 
@@ -78,7 +90,7 @@ def _layer_head_matrix(df: pd.DataFrame, value: str) -> pd.DataFrame:
 
 
 def _heatmap(ax, matrix: pd.DataFrame, *, cmap: str, label: str, center=None, vmin=None, vmax=None,
-             fmt: str = ".2f") -> None:
+             fmt: str = ".3g") -> None:
     annotate = matrix.size <= 96  # numbers stay legible up to about 12 x 8 cells
     sns.heatmap(matrix, ax=ax, cmap=cmap, center=center, vmin=vmin, vmax=vmax, annot=annotate, fmt=fmt,
                 annot_kws={"fontsize": 7}, linewidths=0.5, linecolor="white", square=False,
@@ -100,7 +112,7 @@ def training_curves(metrics: pd.DataFrame) -> Figure:
         ax_loss.plot(val["step"], val["val_loss"], "o-", label="validation", color="#D55E00", ms=3, lw=1.2)
         ax_loss.set(xlabel="step", ylabel="cross-entropy (nats)", title="Loss")
         if _wide_positive(metrics["train_loss"]):
-            ax_loss.set_yscale("log")
+            _log_y(ax_loss, metrics["train_loss"])
         ax_loss.legend(frameon=False)
         acc = metrics.dropna(subset=["val_accuracy"])
         ax_acc.plot(acc["step"], acc["val_accuracy"], "o-", color="#009E73", ms=3, lw=1.2)
@@ -149,7 +161,7 @@ def saturation(df: pd.DataFrame) -> Figure:
             ax.set_xticks(d_heads, [str(int(d)) for d in d_heads])
             ax.minorticks_off()
             if (df[col] > 0).all():
-                ax.set_yscale("log")
+                _log_y(ax, df[col])
             ax.set(xlabel="d_head", ylabel=label, title=title)
         first = fig.axes[0]
         handles, labels = first.get_legend_handles_labels()
@@ -203,7 +215,7 @@ def prune_curve(df: pd.DataFrame, tolerance: float = 0.01) -> Figure:
         ax_acc.set_title("Accuracy as heads are pruned")
         ax_loss.legend(frameon=False)
         if _wide_positive(df["loss"]):
-            ax_loss.set_yscale("log")
+            _log_y(ax_loss, df["loss"])
     return fig
 
 

@@ -12,6 +12,7 @@ import base64
 import html
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -175,6 +176,46 @@ def _top_heads(data: RunData, k: int = 8) -> list[dict]:
              "loss_delta": float(r.loss_delta)} for r in top.itertuples()]
 
 
+# Readable names for probes.redundancy's keys; per-layer keys end in _L{l}. Unknown keys show as they are.
+REDUNDANCY_ROWS = (
+    ("prunable_fraction", "heads prunable, importance order", pct),
+    ("random_prunable_fraction", "heads prunable, random order (mean over seeds)", pct),
+    ("prunable_heads", "heads prunable (count)", fmt),
+    ("n_heads", "heads in the model", fmt),
+    ("tolerance", "loss budget (relative)", pct),
+    ("baseline_loss", "loss, nothing pruned", fmt),
+    ("pruned_loss", "loss, prunable heads pruned", fmt),
+    ("baseline_accuracy", "accuracy, nothing pruned", pct),
+    ("pruned_accuracy", "accuracy, prunable heads pruned", pct),
+    ("one_head_all_layers_rel_increase", "loss rise keeping one head per layer", pct),
+    ("one_head_all_layers_accuracy", "accuracy keeping one head per layer", pct),
+)
+REDUNDANCY_PER_LAYER = (
+    ("heads_needed_L", "heads layer {l} needs (others intact)", fmt),
+    ("one_head_best_L", "best single head of layer {l}", None),
+    ("one_head_rel_increase_L", "loss rise keeping only that head in layer {l}", pct),
+)
+
+
+def redundancy_rows(red: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(label, formatted value)`` rows for the redundancy table, known keys first, in a reading order."""
+    rows, used = [], set()
+    for key, label, how in REDUNDANCY_ROWS:
+        if key in red:
+            rows.append((label, how(red[key])))
+            used.add(key)
+    layers = sorted({int(k.rsplit("_L", 1)[1]) for k in red if re.fullmatch(r".+_L\d+", k)})
+    for layer in layers:
+        for prefix, label, how in REDUNDANCY_PER_LAYER:
+            key = f"{prefix}{layer}"
+            if key in red:
+                value = f"L{layer}H{int(red[key])}" if how is None else how(red[key])
+                rows.append((label.format(l=layer), value))
+                used.add(key)
+    rows += [(k, fmt(v)) for k, v in sorted(red.items()) if k not in used]
+    return rows
+
+
 def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
     """Everything the templates show (values raw; the templates escape and format)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -189,11 +230,10 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
                   ("final train loss", final.get("train_loss")),
                   ("final validation loss", float(last_val["val_loss"].iloc[-1]) if len(last_val) else None),
                   ("final validation accuracy", float(last_val["val_accuracy"].iloc[-1]) if len(last_val) else None)]
-    for col, label in (("elapsed_s", "training time (s)"), ("tokens_per_s", "throughput (tokens/s)"),
-                       ("mfu", "model FLOP utilisation")):
-        if col in data.metrics.columns:
-            train_rows.append((label, data.metrics[col].dropna().iloc[-1] if data.metrics[col].notna().any()
-                               else None))
+    for col, label, how in (("elapsed_s", "training time (s)", fmt), ("tokens_per_s", "throughput (tokens/s)", fmt),
+                            ("mfu", "model FLOP utilisation", pct)):
+        if col in data.metrics.columns and data.metrics[col].notna().any():
+            train_rows.append((label, how(float(data.metrics[col].dropna().iloc[-1]))))
     slopes = None
     if data.saturation is not None:
         sat = data.saturation
@@ -210,7 +250,7 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
         "train_rows": train_rows,
         "properties": None if data.properties is None else _properties_rows(data.properties),
         "slopes": slopes,
-        "redundancy": None if data.redundancy is None else sorted(data.redundancy.items()),
+        "redundancy": None if data.redundancy is None else redundancy_rows(data.redundancy),
         "top_heads": _top_heads(data),
         "has_probes": data.has_probes,
         "figures": {f.key: f for f in figures},
