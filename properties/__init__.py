@@ -29,13 +29,13 @@ from properties.checks import (
     sinusoidal_shift,
 )
 from properties.protocol import check_protocol, required_hooks
-from properties.saturation import saturation_sweep
+from properties.saturation import loglog_slope, saturation_sweep
 from properties.search import PropertyResult
 from properties.suite import PROPERTIES, check_model
 
 __all__ = [
     "check_model", "check_protocol", "required_hooks", "PROPERTIES", "PropertyResult",
-    "BridgeAdapter", "ProtocolConfig", "saturation_sweep",
+    "BridgeAdapter", "ProtocolConfig", "saturation_sweep", "loglog_slope",
     "attention_scale", "batch_independence", "causal_outputs", "causal_pattern", "kv_cache",
     "padding_outputs", "padding_pattern", "pattern_distribution", "permutation_equivariance",
     "relative_position", "rotary_formula", "rotary_norm", "sinusoidal_formula", "sinusoidal_shift",

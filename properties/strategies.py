@@ -65,7 +65,7 @@ def _check_subset(name: str, values: object, allowed: tuple) -> tuple:
 # --- model configurations -------------------------------------------------------------------
 
 def model_configs(*, positional_types=("none", "standard", "sinusoidal", "rotary", "alibi"),
-                  attention_dirs=("causal", "bidirectional"), normalization_types=("LN", "RMS"),
+                  attention_dirs=("causal", "bidirectional"), normalization_types=("LN", "RMS", None),
                   norm_placements=("pre", "post"), max_layers: int = 2, d_models=(16, 32),
                   variants: bool = True, d_vocab: int = 32, n_ctx: int = 32):
     """Small valid :class:`harness.ModelConfig`s.

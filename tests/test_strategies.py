@@ -31,7 +31,7 @@ def test_model_configs_reach_every_option():
 
     collect()
     assert seen >= {"none", "standard", "sinusoidal", "rotary", "alibi", "causal", "bidirectional", "LN", "RMS",
-                    "pre", "post", "gqa"}
+                    None, "pre", "post", "gqa"}
 
 
 @settings(max_examples=10, deadline=None)
