@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Union
 
 import pandas as pd
@@ -47,9 +47,9 @@ class Plan:
     bridge: Shape
     bridge_rounds: int
     amp: bool = False
-    compile: bool = False
+    compile: bool = False  # torch.compile for the MFU shape (both contenders)
+    compile_train: bool = False  # ... and for the smaller training shapes too (a compilation each)
     mfu_goal: float = 0.75
-    extra_train: tuple[Shape, ...] = field(default=())
 
 
 def plan_for(mode: str, device: torch.device) -> Plan:
@@ -73,7 +73,7 @@ def plan_for(mode: str, device: torch.device) -> Plan:
         gpt2 = Shape(12, 768, 12, 1024, 16, 50304)
         return Plan(train=tuple(big), mfu=gpt2, train_rounds=10 if full else 5, hooks=Shape(4, 256, 8, 128, 64),
             hook_rounds=30, probes=probes, probe_rounds=5, bridge=hooks, bridge_rounds=10,
-            amp=True, compile=True, mfu_goal=0.45)
+            amp=True, compile=True, compile_train=full, mfu_goal=0.45)
     train = tuple(Shape(*s, batch=b) for s, b in zip(sizes, batches, strict=True))
     return Plan(train=train[:2], mfu=train[2], train_rounds=10 if full else 5, hooks=hooks,
                 hook_rounds=30 if full else 15, probes=probes, probe_rounds=5 if full else 3, bridge=hooks,
@@ -114,7 +114,7 @@ def run_suite(mode: str = "short", device: Union[None, str, torch.device] = None
         torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 parts outside autocast run as TF32
     try:
         for shape in plan.train:
-            rows.append(train_step_row(shape, dev, plan.train_rounds, amp=plan.amp, compile_models=plan.compile))
+            rows.append(train_step_row(shape, dev, plan.train_rounds, amp=plan.amp, compile_models=plan.compile_train))
         rows += mfu_rows(plan.mfu, dev, plan.train_rounds, amp=plan.amp, compile_models=plan.compile,
                          goal=plan.mfu_goal)
         rows.append(idle_hook_row(plan.hooks, dev, plan.hook_rounds))
@@ -174,3 +174,9 @@ def format_table(df: pd.DataFrame) -> str:
         lines.append("checks: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                             for k, v in a["checks"].items()))
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m reports.bench [smoke|short|full] [cpu|cuda]: the one-shot device script
+    import sys
+
+    print(format_table(run_suite(*(sys.argv[1:3] or ["short"]))))

@@ -112,6 +112,10 @@ def train_contenders(shape: Shape, device: torch.device, amp: bool, compile_mode
     if n_ours != n_plain:  # the comparison is only fair for the same computation
         raise RuntimeError(f"train-step benchmark at {shape.label}: our model has {n_ours} parameters, "
                            f"PlainGPT {n_plain}: the shapes no longer match")
+    if compile_models:
+        # A fresh TorchDynamo cache per pair: graphs of earlier models count towards its recompile
+        # limit, past which it silently falls back to eager.
+        torch._dynamo.reset()
     fwd_ours: Callable = HookAwareCompiled(ours) if compile_models else ours
     fwd_plain: Callable = torch.compile(plain) if compile_models else plain
     tokens = shape.tokens(device, extra=1)

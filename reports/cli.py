@@ -250,13 +250,19 @@ def demo(out_dir: str, overwrite: bool, check_examples: int, sequences: int, d_h
     h = result.headline
     click.echo(f"  {'total':<11}{sum(result.timings.values()):7.1f} s")
     heads = h["induction_heads"]
+    failed = f" (failed: {', '.join(h['properties_failed'])})" if h["properties_failed"] else ""
+    rows = [
+        ("final validation accuracy", pct(h["final_accuracy"])),
+        ("properties passed / applicable", f"{h['properties_passed']} / {h['properties_applicable']}{failed}"),
+        (f"heads prunable within {pct(h['tolerance'])} loss",
+         f"{pct(h['prunable_fraction'])} (random order: {pct(h['random_prunable_fraction'])})"),
+        (f"heads prunable within {pct(h['accuracy_drop'])} accuracy",
+         f"{pct(h['prunable_by_accuracy'])} (random order: {pct(h['random_prunable_by_accuracy'])})"),
+        ("induction heads found", f"{len(heads)}" + (f": {', '.join(heads)}" if heads else "")),
+    ]
     click.echo("headline:")
-    click.echo(f"  final validation accuracy        {pct(h['final_accuracy'])}")
-    click.echo(f"  properties passed / applicable   {h['properties_passed']} / {h['properties_applicable']}"
-               + (f" (failed: {', '.join(h['properties_failed'])})" if h["properties_failed"] else ""))
-    click.echo(f"  heads prunable within {pct(h['tolerance'])} loss  {pct(h['prunable_fraction'])}"
-               f" (random order: {pct(h['random_prunable_fraction'])})")
-    click.echo(f"  induction heads found            {len(heads)}" + (f": {', '.join(heads)}" if heads else ""))
+    for label, value in rows:
+        click.echo(f"  {label:<36}{value}")
     click.echo(f"report: {result.report.html}")
     click.echo(f"        {result.report.markdown}")
 

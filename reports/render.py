@@ -83,7 +83,8 @@ def fmt(value: Any, digits: int = 4) -> str:
 def pct(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
-    text = f"{float(value):.1%}"
+    v = float(value)
+    text = f"{v:.2%}" if 0.999 <= v < 1 else f"{v:.1%}"  # never round a near miss up to a perfect 100%
     return text.replace(".0%", "%")
 
 

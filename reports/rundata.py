@@ -42,6 +42,7 @@ PROBE_FILES = {
 }
 REDUNDANCY_JSON = "redundancy.json"
 TOLERANCE = 0.01  # the prune budget of the headline: loss may rise by at most 1% (relative)
+ACCURACY_DROP = 0.01  # the second reading of the prune curve: accuracy may fall by at most 1 point
 INDUCTION_THRESHOLD = 0.5  # induction score above which a head counts as an induction head (Olsson et al. 2022)
 
 COLUMNS = {
@@ -182,6 +183,29 @@ def induction_heads(head_roles: pd.DataFrame, threshold: float = INDUCTION_THRES
     return [f"L{int(r.layer)}H{int(r.head)}" for r in strong.itertuples()]
 
 
+def prunable_by_accuracy(curve: pd.DataFrame, drop: float = ACCURACY_DROP) -> dict[str, float]:
+    """Fraction of heads each prune order removes before accuracy first falls ``drop`` below the unpruned one.
+
+    A loss budget relative to a near-zero loss (a model that has solved its task) allows almost
+    nothing, so the report also reads the prune curve by accuracy. Random orders are averaged over
+    seeds. The resolution is the curve's own grid of head counts.
+    """
+    out: dict[str, float] = {}
+    n_heads = float(curve["n_pruned"].max())
+    if n_heads <= 0:
+        return out
+    for order, part in curve.groupby("order"):
+        fractions = []
+        for _, one in part.groupby(part["seed"].fillna(-1)):
+            one = one.sort_values("n_pruned")
+            limit = float(one["accuracy"].iloc[0]) - drop
+            below = one[one["accuracy"] < limit]
+            last_ok = one[one["n_pruned"] < below["n_pruned"].min()] if len(below) else one
+            fractions.append(float(last_ok["n_pruned"].max()) / n_heads)
+        out[str(order)] = sum(fractions) / len(fractions)
+    return out
+
+
 def headline(data: RunData) -> dict[str, Any]:
     """The numbers the report opens with; None where the stage behind one has not run."""
     out: dict[str, Any] = {
@@ -190,7 +214,8 @@ def headline(data: RunData) -> dict[str, Any]:
         "steps": int(data.metrics["step"].max()) if len(data.metrics) else 0,
         "properties_passed": None, "properties_applicable": None, "properties_failed": [],
         "prunable_fraction": None, "random_prunable_fraction": None, "tolerance": TOLERANCE,
-        "induction_heads": None,
+        "induction_heads": None, "accuracy_drop": ACCURACY_DROP,
+        "prunable_by_accuracy": None, "random_prunable_by_accuracy": None,
     }
     if data.properties is not None:
         applicable = data.properties[data.properties["applicable"].astype(bool)]
@@ -201,6 +226,10 @@ def headline(data: RunData) -> dict[str, Any]:
         out["prunable_fraction"] = data.redundancy.get("prunable_fraction")
         out["random_prunable_fraction"] = data.redundancy.get("random_prunable_fraction")
         out["tolerance"] = data.redundancy.get("tolerance", TOLERANCE)
+    if data.prune_curve is not None:
+        by_acc = prunable_by_accuracy(data.prune_curve)
+        out["prunable_by_accuracy"] = by_acc.get("importance")
+        out["random_prunable_by_accuracy"] = by_acc.get("random")
     if data.head_roles is not None:
         out["induction_heads"] = induction_heads(data.head_roles)
     return out
