@@ -17,6 +17,7 @@ one: readers find it through :func:`checkpoint_dir`, and the next write finishes
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import random
@@ -26,7 +27,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file, save_model
 from torch import Tensor, nn
 
@@ -180,9 +181,15 @@ def read_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
     path = checkpoint_dir(run_dir) / "config.json"
     data = read_json(path)
     try:
-        return ModelConfig.from_dict(data["model"]), TrainConfig.from_dict(data["train"])
+        configs = ModelConfig.from_dict(data["model"]), TrainConfig.from_dict(data["train"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path} does not hold a valid model and train config: {exc}") from None
+    # A checkpoint stores every field: a missing one must not silently take today's default.
+    missing = [f"{part}.{f.name}" for part, cls in (("model", ModelConfig), ("train", TrainConfig))
+               for f in dataclasses.fields(cls) if f.name not in data[part]]
+    if missing:
+        raise ValueError(f"{path} does not hold a valid model and train config: missing field(s) {missing}")
+    return configs
 
 
 def read_state(run_dir: Path) -> dict:
@@ -193,7 +200,36 @@ def read_state(run_dir: Path) -> dict:
         raise ValueError(f"{path} is corrupt: missing {missing}")
     if state["format"] != FORMAT:
         raise ValueError(f"{path} has format {state['format']!r}: expected {FORMAT}")
+    _check_state(state, path)
     return state
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_state(state: dict, path: Path) -> None:
+    """Types of what a resume reads, so a damaged state.json is an error naming it, not a crash mid-resume."""
+    step, pending, rng = state["step"], state["pending"], state["rng"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"{path} is corrupt: step={step!r} is invalid: expected an integer >= 0")
+    if not _number(state["elapsed_s"]):
+        raise ValueError(f"{path} is corrupt: elapsed_s={state['elapsed_s']!r} is invalid: expected a number")
+    keys = ("loss_sum", "steps", "tokens", "time")
+    if not isinstance(pending, dict) or not all(_number(pending.get(k)) for k in keys):
+        raise ValueError(f"{path} is corrupt: pending={pending!r} is invalid: expected numbers {list(keys)}")
+    try:  # decode every RNG state the way set_rng_state will, on throwaway generators
+        for key, ref in (("torch", torch.get_rng_state()), ("task", torch.Generator().get_state())):
+            if _unb64(rng[key]).numel() != ref.numel():
+                raise ValueError(f"{key} state has the wrong size")
+        version, internal, gauss = rng["python"]
+        random.Random().setstate((version, tuple(internal), gauss))
+        name, np_keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.RandomState().set_state((name, np.asarray(np_keys, dtype=np.uint32), pos, has_gauss, cached))
+        if not isinstance(rng["cuda"], list):
+            raise ValueError("cuda states are not a list")
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"{path} is corrupt: the rng states are invalid ({type(exc).__name__}: {exc})") from None
 
 
 def load_weights(model: nn.Module, run_dir: Path) -> None:
@@ -240,17 +276,23 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     finish_swap(run_dir)  # an interrupted swap's newest checkpoint becomes checkpoint/ first
     if tmp.exists():
         shutil.rmtree(tmp)  # a write that never finished
-    tmp.mkdir(parents=True)
-    # save_model de-duplicates tied weights, which plain save_file refuses.
-    save_model(model, str(tmp / "model.safetensors"))
-    tensors, meta = optimizer_state_to_tensors(optimizer)
-    save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"optimizer": meta})
-    config = {"format": FORMAT, "model": model_cfg.to_dict(), "train": train_cfg.to_dict()}
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
-    (tmp / "state.json").write_text(json.dumps({"format": FORMAT, **state}, indent=1), encoding="utf-8")
-    for name in FILES:
-        _fsync_file(tmp / name)
-    _fsync_dir(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        # save_model de-duplicates tied weights, which plain save_file refuses.
+        save_model(model, str(tmp / "model.safetensors"))
+        tensors, meta = optimizer_state_to_tensors(optimizer)
+        save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"optimizer": meta})
+        config = {"format": FORMAT, "model": model_cfg.to_dict(), "train": train_cfg.to_dict()}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+        (tmp / "state.json").write_text(json.dumps({"format": FORMAT, **state}, indent=1), encoding="utf-8")
+        for name in FILES:
+            _fsync_file(tmp / name)
+        _fsync_dir(tmp)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full or read-only disk leaves nothing half-written
+        if isinstance(exc, (OSError, SafetensorError)):  # safetensors reports a full disk as its own error
+            raise OSError(f"cannot write a checkpoint into {run_dir}: {exc}") from None
+        raise
     if final.exists():
         os.rename(final, old)
     os.rename(tmp, final)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -19,6 +20,7 @@ NORM_PLACEMENTS = ("pre", "post")
 POSITIONAL_TYPES = ("standard", "sinusoidal", "rotary", "alibi", "none")
 ATTENTION_DIRS = ("causal", "bidirectional")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+MAX_SEED = 2**63 - 1
 
 
 def _fail(field_name: str, value: Any, expected: str) -> ValueError:
@@ -48,9 +50,20 @@ def _check_float(name: str, value: Any, low: float, high: Optional[float] = None
         raise _fail(name, value, "a number")
     ok_low = value >= low if low_inclusive else value > low
     ok_high = True if high is None else value <= high
-    if not (ok_low and ok_high) or value != value:
+    try:  # inf passes every lower bound but makes weights or updates non-finite; NaN fails every comparison
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not (ok_low and ok_high and finite):
         bound = f"{'>=' if low_inclusive else '>'} {low}" + ("" if high is None else f" and <= {high}")
-        raise _fail(name, value, f"a number {bound}")
+        raise _fail(name, value, f"a finite number {bound}")
+
+
+def _check_seed(value: Any) -> None:
+    # torch.Generator.manual_seed takes at most 64 bits; 63 leaves room for derived seeds (seed + offset).
+    _check_int("seed", value, 0)
+    if value > MAX_SEED:
+        raise _fail("seed", value, f"an integer in [0, {MAX_SEED}] (2**63 - 1)")
 
 
 class _JSONMixin:
@@ -146,7 +159,7 @@ class ModelConfig(_JSONMixin):
         _check_float("rotary_base", self.rotary_base, 1.0)
         _check_float("eps", self.eps, 0.0, 1.0)
         _check_float("init_range", self.init_range, 0.0)
-        _check_int("seed", self.seed, 0)
+        _check_seed(self.seed)
         if self.n_key_value_heads is not None:
             _check_int("n_key_value_heads", self.n_key_value_heads, 1)
             if self.n_heads % self.n_key_value_heads:

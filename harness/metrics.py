@@ -112,10 +112,22 @@ class MetricsLog:
         """Drop rows past ``step`` (written after the checkpoint a run resumes from), atomically."""
         if not self.enabled or not self.path.exists():
             return
-        lines = self.path.read_text().splitlines(keepends=True)
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{self.path} is corrupt: not UTF-8 text ({exc})") from None
+        header = ",".join(COLUMNS) + "\n"
+        if len(lines) == 1 and header.startswith(lines[0]) and lines[0] != header:
+            lines = []  # a header cut short by a kill: start the file afresh
+            atomic_write_text(self.path, "")
+        if lines and lines[0] != header:  # appending rows under another header would misalign every column
+            raise ValueError(f"{self.path} is corrupt: its header is {lines[0].strip()!r}: expected {header.strip()!r}")
         # A row cut short by a kill has no newline (or too few fields): drop it with the rest.
-        keep = lines[:1] + [ln for ln in lines[1:] if ln.endswith("\n") and ln.count(",") == len(COLUMNS) - 1
-                            and int(ln.split(",", 1)[0]) <= step]
+        complete = [ln for ln in lines[1:] if ln.endswith("\n") and ln.count(",") == len(COLUMNS) - 1]
+        bad = [ln for ln in complete if not ln.split(",", 1)[0].isdigit()]
+        if bad:
+            raise ValueError(f"{self.path} is corrupt: row {bad[0].strip()!r} has no step number")
+        keep = lines[:1] + [ln for ln in complete if int(ln.split(",", 1)[0]) <= step]
         if len(keep) != len(lines):
             atomic_write_text(self.path, "".join(keep))
 
@@ -128,8 +140,11 @@ class MetricsLog:
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
             if new:
                 self._file.write(",".join(COLUMNS) + "\n")
-        self._file.write(",".join(_fmt(row.get(c)) for c in COLUMNS) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(",".join(_fmt(row.get(c)) for c in COLUMNS) + "\n")
+            self._file.flush()
+        except OSError as exc:  # a full disk: say which file (a flush error carries no file name)
+            raise OSError(f"cannot write {self.path}: {exc}") from None
 
     def sync(self) -> None:
         """fsync, so rows up to a checkpoint survive a crash with it."""
@@ -138,8 +153,11 @@ class MetricsLog:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            f, self._file = self._file, None
+            try:
+                f.close()
+            except OSError as exc:  # the buffered rows could not be flushed (full disk)
+                raise OSError(f"cannot write {self.path}: {exc}") from None
 
     def frame(self) -> pd.DataFrame:
         """Every row of the run: from the CSV when this process writes it, else this segment's rows."""

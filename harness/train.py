@@ -280,7 +280,12 @@ class _Loop:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not math.isfinite(grad_norm):
             raise self._diverged(step, "gradient norm", grad_norm)
-        self.optimizer.step()
+        try:
+            self.optimizer.step()
+        except RuntimeError as exc:  # lr * update overflows the parameter dtype (e.g. lr=1e5 in float16)
+            if "overflow" not in str(exc):
+                raise
+            raise self._diverged(step, "update", f"too large for the parameters' dtype ({exc})") from None
         return loss_value, grad_norm, stop
 
     def _row(self, step: int, grad_norm: float) -> dict:

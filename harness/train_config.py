@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from harness.config import _check_bool, _check_choice, _check_float, _check_int, _fail, _JSONMixin
+from harness.config import _check_bool, _check_choice, _check_float, _check_int, _check_seed, _fail, _JSONMixin
 from harness.tasks import check_options
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -77,7 +77,7 @@ class TrainConfig(_JSONMixin):
         for name in ("batch_size", "steps", "eval_every", "eval_batches", "log_every"):
             _check_int(name, getattr(self, name), 1)
         _check_int("warmup", self.warmup, 0)
-        _check_int("seed", self.seed, 0)
+        _check_seed(self.seed)
         if self.checkpoint_every is not None:
             _check_int("checkpoint_every", self.checkpoint_every, 1)
         _check_float("lr", self.lr, 0.0)
