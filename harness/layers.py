@@ -192,12 +192,17 @@ class Attention(nn.Module):
             k, v = cache.extend(k, v)
 
         if self.force_explicit or active(self.hook_attn_scores) or active(self.hook_pattern):
-            scores = (q @ k.transpose(-1, -2)) * self.scale
+            # In place on the fresh scores tensor: the same values without a [batch, n_heads, q, k] copy
+            # per step (autograd-safe: neither matmul nor a scalar product nor a fill needs its output).
+            # The ALiBi add stays out of place: it may promote the dtype (bf16 scores + float32 bias).
+            scores = q @ k.transpose(-1, -2)
+            if self.scale != 1.0:
+                scores.mul_(self.scale)
             if ctx.bias is not None:
                 scores = scores + ctx.bias
             mask = ctx.explicit_mask(q.shape[2], k.shape[2], x.device)
             if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
+                scores.masked_fill_(~mask, float("-inf"))
             scores = hook(self.hook_attn_scores, scores)
             pattern = hook(self.hook_pattern, torch.softmax(scores, dim=-1))
             z = pattern @ v
