@@ -189,6 +189,11 @@ def read_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
                for f in dataclasses.fields(cls) if f.name not in data[part]]
     if missing:
         raise ValueError(f"{path} does not hold a valid model and train config: missing field(s) {missing}")
+    unknown = sorted(set(data) - {"format", "model", "train"})
+    if unknown or data.get("format") != FORMAT:
+        what = f"unknown key(s) {unknown}" if unknown else f"format {data.get('format')!r}"
+        raise ValueError(f"{path} does not hold a valid model and train config: {what}: expected format "
+                         f"{FORMAT} with 'model' and 'train'")
     return configs
 
 
@@ -299,6 +304,29 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     _fsync_dir(run_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` and prove it takes a write before any work is done, so a read-only or
+    full disk fails at once with the folder named (and a folder created here is removed again)."""
+    run_dir = Path(run_dir)
+    created = not run_dir.exists()
+    probe = run_dir / f".write-test.{os.getpid()}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(bytes(4096))  # a block: creating an empty file can succeed on a full disk
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as exc:
+        for remove in (probe.unlink, run_dir.rmdir if created else None):
+            try:
+                if remove is not None:
+                    remove()
+            except OSError:
+                pass
+        raise OSError(f"cannot write into run directory {run_dir}: {exc}") from None
 
 
 def remove_run(run_dir: Path) -> None:

@@ -164,7 +164,7 @@ def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_d
         if info.is_main:
             if overwrite:
                 ckpt.remove_run(run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.prepare_run_dir(run_dir)  # a read-only or full disk fails here, before any work
         distributed.barrier(info)
         if model is None:
             model = Transformer(model_cfg)
