@@ -256,7 +256,7 @@ def demo(out_dir: str, overwrite: bool, check_examples: int, sequences: int, d_h
         ("properties passed / applicable", f"{h['properties_passed']} / {h['properties_applicable']}{failed}"),
         (f"heads prunable within {pct(h['tolerance'])} loss",
          f"{pct(h['prunable_fraction'])} (random order: {pct(h['random_prunable_fraction'])})"),
-        (f"heads prunable within {pct(h['accuracy_drop'])} accuracy",
+        (f"heads prunable within {h['accuracy_drop_label']}",
          f"{pct(h['prunable_by_accuracy'])} (random order: {pct(h['random_prunable_by_accuracy'])})"),
         ("induction heads found", f"{len(heads)}" + (f": {', '.join(heads)}" if heads else "")),
     ]

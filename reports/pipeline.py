@@ -230,6 +230,12 @@ def demo(out_dir: str | os.PathLike, model_cfg: Any = None, train_cfg: Any = Non
     """
     import harness
 
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
+    out = Path(out_dir)
+    if not overwrite and ((out / "checkpoint").exists() or (out / rundata.METRICS_CSV).exists()):
+        raise ValueError(f"{out} already holds a run: pass overwrite=True (attnlab demo --overwrite) to replace it, "
+                         "or choose another folder (--out)")
     if model_cfg is None or train_cfg is None:
         default_model, default_train = harness.demo_configs()
         model_cfg = default_model if model_cfg is None else model_cfg

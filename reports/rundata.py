@@ -215,6 +215,7 @@ def headline(data: RunData) -> dict[str, Any]:
         "properties_passed": None, "properties_applicable": None, "properties_failed": [],
         "prunable_fraction": None, "random_prunable_fraction": None, "tolerance": TOLERANCE,
         "induction_heads": None, "accuracy_drop": ACCURACY_DROP,
+        "accuracy_drop_label": f"{ACCURACY_DROP * 100:g} accuracy point{'' if ACCURACY_DROP == 0.01 else 's'}",
         "prunable_by_accuracy": None, "random_prunable_by_accuracy": None,
     }
     if data.properties is not None:

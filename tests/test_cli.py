@@ -103,6 +103,14 @@ def test_changing_d_model_rederives_d_head_and_a_new_task_drops_the_demo_task_op
     assert got["train"].task == "copy" and got["train"].task_options == {} and got["train"].seq_len is None
 
 
+def test_resume_overwrite_and_stop_after_reach_train():
+    result, got = _parse(["--resume", "--stop-after", "10", "--no-progress"])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert (got["resume"], got["overwrite"], got["stop_after"], got["progress"]) == (True, False, 10, False)
+    result, got = _parse(["--overwrite"])
+    assert (got["resume"], got["overwrite"], got["stop_after"], got["progress"]) == (False, True, None, None)
+
+
 def test_task_option_values_parse_as_json():
     result, got = _parse(["--task", "modular_addition", "--task-option", "p=7", "--d-vocab", "16"])
     assert result.exit_code == 0, result.output + result.stderr
@@ -223,6 +231,7 @@ def test_bad_train_options(tmp_path, args, needle):
 def test_existing_run_is_not_overwritten_silently(run):
     result = invoke(["train", "--out", str(run.run_dir), *TINY, "--steps", "30"])
     assert_one_line_error(result, 2, "already holds")
+    assert_one_line_error(invoke(["demo", "--out", str(run.run_dir)]), 2, "already holds", "--overwrite")
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -244,3 +244,13 @@ def test_load_names_a_damaged_probe_file(run, tmp_path):
     Path(bad / "probes" / "head_roles.csv").write_text("layer,head\n0,0\n")
     with pytest.raises(ValueError, match="head_roles.csv"):
         rundata.load(bad)
+
+
+def test_prunable_by_accuracy_reads_the_curve_until_accuracy_first_drops():
+    acc = {("importance", None): [1.0, 1.0, 0.995, 0.98, 1.0],  # recovers at 4, but it already fell at 3
+           ("random", 0): [1.0, 0.97, 0.97, 0.5, 0.2],
+           ("random", 1): [1.0, 1.0, 1.0, 1.0, 1.0]}
+    rows = [{"order": o, "seed": s, "n_pruned": n, "fraction_pruned": n / 4, "loss": 1.0, "accuracy": a}
+            for (o, s), accs in acc.items() for n, a in enumerate(accs)]
+    got = rundata.prunable_by_accuracy(pd.DataFrame(rows), drop=0.01)
+    assert got == {"importance": 2 / 4, "random": (0 / 4 + 4 / 4) / 2}
