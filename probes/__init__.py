@@ -1,1 +1,25 @@
-"""Head redundancy probes (importance, pruning curves, similarity, roles). See the Probes issue."""
+"""Head redundancy probes: importance, pruning curves, similarity, roles and attention entropy.
+
+Every probe talks to a model only through the model protocol (shared/DESIGN.md): it gates heads
+with hooks on ``blocks.{l}.attn.hook_z`` and reads ``blocks.{l}.attn.hook_pattern``, so it runs on
+attnlab's ``Transformer``, on any protocol ``HookedRootModule`` and on a ``TransformerBridge``.
+
+Ablating a head means replacing its output (``hook_z``, before the output projection) by zero,
+or by its per-position mean over the data (mean ablation); a head's importance is how much the
+next-token loss rises when it is ablated, or its gradient-based estimate (Michel, Levy & Neubig
+2019). Pruning removes heads cumulatively in importance order and compares with random orders;
+``redundancy`` condenses that into the fraction of heads a model does not need. All of it is one
+mechanism, :mod:`probes.gates`: many head masks per forward pass, prefix residuals reused.
+
+``tokens`` is an integer tensor ``[n, pos]``; ``loss_mask[i, t] = 1`` makes token t a target
+(predicted from position t-1); ``attention_mask`` (1 real, 0 padding) is passed to the model.
+Results are pandas DataFrames / Series.
+"""
+
+from probes.entropy import attention_entropy
+from probes.importance import head_importance
+from probes.pruning import prune_curve, redundancy
+from probes.roles import head_roles
+from probes.similarity import head_similarity
+
+__all__ = ["head_importance", "prune_curve", "redundancy", "head_similarity", "head_roles", "attention_entropy"]

@@ -1,0 +1,236 @@
+"""Input checks shared by every probe: raised before any forward pass, naming the value and what was expected.
+
+Also prepares the data every probe works on (:class:`ProbeData`) and reads what a probe
+needs to know about a model (:class:`ModelInfo`) through the model protocol only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+METHODS = ("ablation", "mean_ablation", "gradient")
+ORDERS = ("importance", "random")
+METRICS = ("pattern", "output")
+
+
+def z_hook(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def pattern_hook(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the probes read from a protocol model."""
+
+    n_layers: int
+    n_heads: int
+    d_vocab: int
+    causal: bool
+    device: torch.device
+    takes_attention_mask: bool
+    prefix_reuse: bool  # forward(..., stop_at_layer=, start_at_layer=) skips the layers before the start
+
+
+def _is_bridge(model: Any) -> bool:
+    try:  # TransformerLens's bridge re-runs blocks 0..k-1 under start_at_layer, so reuse saves nothing there
+        from transformer_lens.model_bridge.bridge_core import BridgeCore
+    except ImportError:  # pragma: no cover - older TransformerLens without bridges
+        return False
+    return isinstance(model, BridgeCore)
+
+
+def model_info(model: Any, *, need_pattern: bool = False) -> ModelInfo:
+    """Check ``model`` follows the model protocol far enough for the probes, and describe it."""
+    if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "hooks", None)):
+        raise TypeError(f"model must be a hooked torch.nn.Module (HookedRootModule or TransformerBridge) with a "
+                        f"hooks() context manager, got {type(model).__name__}")
+    cfg = getattr(model, "cfg", None)
+    values = {}
+    for name in ("n_layers", "n_heads", "d_vocab"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TypeError(f"model.cfg.{name}={value!r} is invalid: expected a positive integer "
+                            f"(the model protocol's cfg)")
+        values[name] = value
+    hook_dict = getattr(model, "hook_dict", None)
+    if not isinstance(hook_dict, dict):
+        raise TypeError(f"model {type(model).__name__} has no hook_dict: expected a HookedRootModule with setup() "
+                        f"called, or a TransformerBridge")
+    needed = [z_hook(layer) for layer in range(values["n_layers"])]
+    if need_pattern:
+        needed += [pattern_hook(layer) for layer in range(values["n_layers"])]
+    missing = [name for name in needed if name not in hook_dict]
+    if missing:
+        raise TypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: the probes gate heads on "
+                        f"blocks.{{l}}.attn.hook_z and read blocks.{{l}}.attn.hook_pattern")
+    attention_dir = getattr(cfg, "attention_dir", "causal")
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        params = {}
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return ModelInfo(
+        n_layers=values["n_layers"], n_heads=values["n_heads"], d_vocab=values["d_vocab"],
+        causal=attention_dir != "bidirectional", device=device,
+        takes_attention_mask="attention_mask" in params,
+        prefix_reuse="start_at_layer" in params and "stop_at_layer" in params and not _is_bridge(model),
+    )
+
+
+@dataclass
+class ProbeData:
+    """Tokens and masks on the model's device.
+
+    ``weights[i, t]`` (float ``[n, pos-1]``) is 1 where the prediction made at position t of
+    sequence i (of token t+1) counts towards the loss, 0 elsewhere.
+    """
+
+    tokens: Tensor  # long [n, pos]
+    attention_mask: Optional[Tensor]  # bool [n, pos] or None (every token real)
+    weights: Tensor  # float [n, pos-1]
+
+    @property
+    def n(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def pos(self) -> int:
+        return self.tokens.shape[1]
+
+    def real(self) -> Tensor:
+        """bool ``[n, pos]``: which tokens are real (not padding)."""
+        if self.attention_mask is None:
+            return torch.ones_like(self.tokens, dtype=torch.bool)
+        return self.attention_mask
+
+
+def check_tokens(tokens: Any, d_vocab: int, *, min_pos: int = 1) -> None:
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"tokens must be a torch.Tensor of token ids [n, pos], got {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens have dtype {tokens.dtype}: expected an integer dtype (token ids, e.g. torch.long)")
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens have shape {tuple(tokens.shape)} (rank {tokens.ndim}): expected rank 2 [n, pos]")
+    if tokens.shape[0] < 1 or tokens.shape[1] < min_pos:
+        raise ValueError(f"tokens have shape {tuple(tokens.shape)}: expected at least 1 sequence and {min_pos} "
+                         f"position(s)")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= d_vocab:
+        raise ValueError(f"token id {lo if lo < 0 else hi} is out of range: expected ids in [0, {d_vocab}) (d_vocab)")
+
+
+def _check_binary(name: str, mask: Any, shape: tuple) -> Tensor:
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(mask).__name__}")
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}: expected {shape}, the shape of tokens")
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise ValueError(f"{name} has dtype {mask.dtype}: expected bool or integer 0/1")
+    if mask.dtype != torch.bool:
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError(f"{name} has values other than 0 and 1: expected a 0/1 mask")
+        mask = mask.bool()
+    return mask
+
+
+def prepare(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention_mask: Any = None,
+            need_loss: bool = True) -> ProbeData:
+    """Validate tokens and masks and move them to the model's device.
+
+    ``loss_mask[i, t]`` marks token t as a target: it counts when predicted from position t-1
+    (column 0 has no prediction and is ignored). ``None`` counts every target.
+    """
+    check_tokens(tokens, info.d_vocab, min_pos=2 if need_loss else 1)
+    shape = tuple(tokens.shape)
+    am = None if attention_mask is None else _check_binary("attention_mask", attention_mask, shape)
+    if am is not None and not info.takes_attention_mask:
+        raise ValueError("attention_mask was given but the model's forward takes no attention_mask argument")
+    lm = None if loss_mask is None else _check_binary("loss_mask", loss_mask, shape)
+    tokens = tokens.to(info.device, torch.long)
+    am = None if am is None else am.to(info.device)
+    if am is not None and bool(am.all()):
+        am = None  # an all-ones mask is no mask (and keeps fast attention paths)
+    target = torch.ones(shape[0], shape[1] - 1, dtype=torch.bool, device=info.device) if shape[1] > 1 else \
+        torch.zeros(shape[0], 0, dtype=torch.bool, device=info.device)
+    if lm is not None:
+        target = target & lm.to(info.device)[:, 1:]
+    if am is not None:  # a prediction needs a real input token and a real target
+        target = target & am[:, 1:] & am[:, :-1]
+    if need_loss and not bool(target.any()):
+        raise ValueError("loss_mask selects no target: expected at least one position t >= 1 with loss_mask[:, t]=1 "
+                         "(and real tokens at t-1 and t)")
+    return ProbeData(tokens=tokens, attention_mask=am, weights=target.float())
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}={value!r} is invalid: expected one of {list(choices)}")
+    return value
+
+
+def check_batch_size(batch_size: Any) -> Optional[int]:
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} is invalid: expected None or an integer >= 1")
+    return batch_size
+
+
+def check_tolerance(tolerance: Any) -> float:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
+        raise ValueError(f"tolerance={tolerance!r} is invalid: expected a relative loss increase in (0, 1)")
+    return float(tolerance)
+
+
+def check_orders(order: Any) -> tuple[str, ...]:
+    orders = (order,) if isinstance(order, str) else order
+    if not isinstance(orders, (tuple, list)) or not orders:
+        raise ValueError(f"order={order!r} is invalid: expected one of {list(ORDERS)} or a sequence of them")
+    for o in orders:
+        check_choice("order", o, ORDERS)
+    return tuple(dict.fromkeys(orders))
+
+
+def check_seeds(seeds: Any) -> tuple[int, ...]:
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise ValueError(f"seeds={seeds!r} is invalid: expected a non-empty sequence of integers >= 0")
+    seeds = tuple(seeds)
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
+        raise ValueError(f"seeds={seeds!r} is invalid: expected a non-empty sequence of integers >= 0")
+    return tuple(dict.fromkeys(seeds))
+
+
+def check_fractions(fractions: Any) -> tuple[float, ...]:
+    if fractions is None:
+        return tuple(i / 10 for i in range(11))
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
+        raise ValueError(f"fractions={fractions!r} is invalid: expected a non-empty sequence of numbers in [0, 1]")
+    values = tuple(fractions)
+    if not values:
+        raise ValueError("fractions=() is invalid: expected a non-empty sequence of numbers in [0, 1]")
+    for f in values:
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or math.isnan(f) or not 0 <= f <= 1:
+            raise ValueError(f"fraction {f!r} in fractions is invalid: expected a number in [0, 1]")
+    return tuple(float(f) for f in values)
+
+
+def check_threshold(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name}={value!r} is invalid: expected a probability in (0, 1]")
+    return float(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is invalid: expected True or False")
+    return value

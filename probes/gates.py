@@ -1,0 +1,232 @@
+"""The one mechanism behind every probe: head masks applied on ``hook_z``.
+
+A head mask ``m`` (``[n_layers, n_heads]``, 1 = keep) rewrites layer l's ``hook_z`` as
+
+    z'[..., h, :] = m[l, h] * z[..., h, :] + (1 - m[l, h]) * r[l, pos, h, :]
+
+with ``r = 0`` (ablation: the head's output is removed before the output projection) or the
+head's per-position mean over the data (mean ablation). Gradient importance (Michel, Levy &
+Neubig 2019, §4.1) makes ``m`` a gate ``xi`` held at 1 and differentiates the loss by it.
+
+Speed. ``k`` masks ride in one forward pass: the data batch is repeated ``k`` times, mask-major
+(rows ``i*b .. (i+1)*b`` carry mask ``i``). A mask that first differs from the reference mask
+(``base``, default all ones) at layer l changes nothing before layer l's output projection, so
+on models whose ``forward`` can stop and start at a layer (TransformerLens-style
+``stop_at_layer``/``start_at_layer``) the residual entering layer l is computed once per data
+chunk and every mask of that group starts from it. Other models (e.g. a ``TransformerBridge``,
+which re-runs the earlier blocks anyway) run the same masks from the tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from probes._validate import ModelInfo, ProbeData, z_hook
+
+# Rows x positions per forward pass when the caller gives no batch_size: large enough that
+# matmuls run at full speed on CPU, small enough that activations stay well under a GiB.
+TOKENS_PER_PASS = 2 ** 15
+
+
+def rows_per_pass(batch_size: Optional[int], pos: int) -> int:
+    """Sequences per forward pass (a sequence repeated for k masks counts k times)."""
+    return batch_size if batch_size is not None else max(1, TOKENS_PER_PASS // pos)
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Probe in eval mode (no dropout), then restore every module's own training flag."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+def run(model: Any, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
+        start: Optional[int] = None, stop: Optional[int] = None) -> Tensor:
+    """One forward pass through the model protocol with temporary forward hooks."""
+    kwargs: dict = {}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    if start is not None:
+        kwargs["start_at_layer"] = start
+    if stop is not None:
+        kwargs["stop_at_layer"] = stop
+    with model.hooks(fwd_hooks=hooks):
+        return model(x, **kwargs)
+
+
+def gate_fn(layer_masks: Tensor, replacement: Optional[Tensor] = None) -> Callable:
+    """A ``hook_z`` hook applying ``k`` masks of one layer (``[k, n_heads]``) to a mask-major batch.
+
+    ``replacement`` (``[pos, n_heads, d_head]``) is what a removed head outputs instead (mean
+    ablation); None means zero. A kept head (mask 1) passes through bit for bit.
+    """
+
+    def fn(z: Tensor, hook: Any) -> Tensor:
+        k = layer_masks.shape[0]
+        zz = z.reshape(k, -1, *z.shape[1:])  # [k, batch, pos, n_heads, d_head]
+        m = layer_masks.to(z.dtype)[:, None, None, :, None]
+        out = zz * m
+        if replacement is not None:
+            out = out + (1 - m) * replacement[None, None, : z.shape[1]].to(z.dtype)
+        return out.reshape(z.shape)
+
+    return fn
+
+
+def _layer_hooks(masks: Tensor, layers: range, means: Optional[Tensor]) -> list:
+    """Hooks for the layers where some mask removes something; untouched layers get no hook at all."""
+    hooks = []
+    for layer in layers:
+        m = masks[:, layer]
+        if bool((m != 1).any()):
+            hooks.append((z_hook(layer), gate_fn(m, None if means is None else means[layer])))
+    return hooks
+
+
+def token_nll(logits: Tensor, tokens: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Next-token NLL and correctness ``[k, batch, pos-1]`` for ``k`` mask-major copies of ``tokens``."""
+    b, p = tokens.shape
+    logits = logits[:, :-1].reshape(k, b, p - 1, -1).float()
+    target = tokens[:, 1:].expand(k, b, p - 1)
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none")
+    correct = logits.argmax(-1) == target
+    return nll.view(k, b, p - 1), correct
+
+
+def _chunks(data: ProbeData, rows: int) -> Iterator[tuple[Tensor, Optional[Tensor], Tensor]]:
+    step = min(data.n, rows)
+    for s in range(0, data.n, step):
+        am = None if data.attention_mask is None else data.attention_mask[s:s + step]
+        yield data.tokens[s:s + step], am, data.weights[s:s + step]
+
+
+def _repeat(t: Optional[Tensor], k: int) -> Optional[Tensor]:
+    if t is None or k == 1:
+        return t
+    return t.repeat(k, *([1] * (t.ndim - 1)))
+
+
+def masked_stats(model: Any, info: ModelInfo, data: ProbeData, masks: Tensor, *, means: Optional[Tensor] = None,
+                 base: Optional[Tensor] = None, batch_size: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """Loss and accuracy of the model under each of ``masks`` (``[k, n_layers, n_heads]``).
+
+    Returns float64 ``[k]`` tensors: the next-token cross-entropy and the argmax accuracy,
+    averaged over the loss positions of the whole data (token-weighted). ``base`` is the mask
+    whose residual stream is shared: every mask is grouped by the first layer where it differs
+    from ``base`` and starts there (prefix reuse); it does not change any result.
+    """
+    L, H = info.n_layers, info.n_heads
+    masks = masks.to(info.device, torch.float32)
+    base = torch.ones(L, H, device=info.device) if base is None else base.to(info.device, torch.float32)
+    k = masks.shape[0]
+    if info.prefix_reuse:
+        differs = (masks != base).any(-1)  # [k, n_layers]
+        first = torch.where(differs.any(1), differs.float().argmax(1), torch.full((k,), L, device=info.device))
+    else:
+        first = torch.zeros(k, dtype=torch.long, device=info.device)
+    groups = [(int(layer), (first == layer).nonzero().flatten()) for layer in torch.unique(first)]
+    rows = rows_per_pass(batch_size, data.pos)
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=info.device)
+    correct_sum = torch.zeros(k, dtype=torch.float64, device=info.device)
+    with eval_mode(model), torch.no_grad():
+        for tok, am, w in _chunks(data, rows):
+            b = tok.shape[0]
+            resid: list[Tensor] = []
+            if info.prefix_reuse:  # residual entering each needed layer, under the base mask, computed once
+                resid.append(run(model, info, tok, am, [], stop=0))
+                for layer in range(int(first.max())):
+                    hooks = _layer_hooks(base[None], range(layer, layer + 1), means)
+                    resid.append(run(model, info, resid[layer], am, hooks, start=layer, stop=layer + 1))
+            per_pass = max(1, rows // b)
+            for layer, idx in groups:
+                for j in range(0, len(idx), per_pass):
+                    sel = idx[j:j + per_pass]
+                    kk = len(sel)
+                    hooks = _layer_hooks(masks[sel], range(layer, L), means)
+                    if info.prefix_reuse:
+                        logits = run(model, info, _repeat(resid[layer], kk), _repeat(am, kk), hooks, start=layer)
+                    else:
+                        logits = run(model, info, _repeat(tok, kk), _repeat(am, kk), hooks)
+                    nll, correct = token_nll(logits, tok, kk)
+                    loss_sum[sel] += (nll * w).sum((1, 2)).double()
+                    correct_sum[sel] += (correct.float() * w).sum((1, 2)).double()
+    total = data.weights.sum().double()
+    return loss_sum / total, correct_sum / total
+
+
+def head_means(model: Any, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None) -> Tensor:
+    """Per-position mean of every head's ``hook_z`` over the data's real tokens.
+
+    ``[n_layers, pos, n_heads, d_head]``; a position that is padding in every sequence gets 0.
+    This is the replacement of mean ablation: the head's output no longer depends on the input.
+    """
+    sums: dict[int, Tensor] = {}
+    count = torch.zeros(data.pos, dtype=torch.float64, device=info.device)
+
+    def capture(layer: int, real: Tensor) -> Callable:
+        def fn(z: Tensor, hook: Any) -> None:
+            s = (z.double() * real[:, :, None, None]).sum(0)  # [pos, n_heads, d_head]
+            sums[layer] = s if layer not in sums else sums[layer] + s
+        return fn
+
+    with eval_mode(model), torch.no_grad():
+        for tok, am, _ in _chunks(data, rows_per_pass(batch_size, data.pos)):
+            real = torch.ones(tok.shape, dtype=torch.float64, device=info.device) if am is None else am.double()
+            count += real.sum(0)
+            hooks = [(z_hook(layer), capture(layer, real)) for layer in range(info.n_layers)]
+            run(model, info, tok, am, hooks)
+    denom = count.clamp(min=1)[:, None, None]
+    return torch.stack([sums[layer] / denom for layer in range(info.n_layers)]).float()
+
+
+def gate_gradients(model: Any, info: ModelInfo, data: ProbeData, *, base: Optional[Tensor] = None,
+                   means: Optional[Tensor] = None, batch_size: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """Gradients of the loss by head gates xi = 1 (Michel, Levy & Neubig 2019, eq. 2 and §4.1).
+
+    Each sequence x gets its own gates, so one forward and one backward give every per-sequence
+    gradient dL(x)/dxi_h, where L(x) is the sequence's mean loss over its loss positions.
+    Returns ``(importance, expected_delta)``, both ``[n_layers, n_heads]`` float64:
+    ``importance = E_x |dL(x)/dxi_h|`` over sequences with a loss position (their I_h), and
+    ``expected_delta = -dL/dxi_h`` of the token-weighted loss, the first-order (Taylor) estimate
+    of the loss change when the gate goes from 1 to 0. Heads already off in ``base`` stay off.
+    """
+    L, H = info.n_layers, info.n_heads
+    base = torch.ones(L, H, device=info.device) if base is None else base.to(info.device, torch.float32)
+    abs_sum = torch.zeros(L, H, dtype=torch.float64, device=info.device)
+    signed_sum = torch.zeros(L, H, dtype=torch.float64, device=info.device)
+    n_seqs = 0
+
+    def gated(layer: int, gates: Tensor) -> Callable:
+        def fn(z: Tensor, hook: Any) -> Tensor:
+            g = (base[layer] * gates[:, layer]).to(z.dtype)[:, None, :, None]  # [batch, 1, n_heads, 1]
+            out = z * g
+            if means is not None:  # a pruned head (base 0) keeps its mean output
+                out = out + (1 - base[layer]).to(z.dtype)[None, None, :, None] * means[layer][None, : z.shape[1]]
+            return out
+        return fn
+
+    with eval_mode(model), torch.enable_grad():
+        for tok, am, w in _chunks(data, rows_per_pass(batch_size, data.pos)):
+            gates = torch.ones(tok.shape[0], L, H, device=info.device, requires_grad=True)
+            hooks = [(z_hook(layer), gated(layer, gates)) for layer in range(L)]
+            logits = run(model, info, tok, am, hooks)
+            nll, _ = token_nll(logits, tok, 1)
+            seq_w = w.sum(1)
+            per_seq = (nll[0] * w).sum(1) / seq_w.clamp(min=1)
+            (grad,) = torch.autograd.grad(per_seq.sum(), gates)
+            grad = grad.double()
+            valid = seq_w > 0
+            abs_sum += grad[valid].abs().sum(0)
+            signed_sum += (grad * seq_w.double()[:, None, None]).sum(0)  # d(token-weighted loss), unnormalised
+            n_seqs += int(valid.sum())
+    return abs_sum / max(n_seqs, 1), -signed_sum / data.weights.sum().double()

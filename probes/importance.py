@@ -1,0 +1,109 @@
+"""Head importance: how much the loss depends on each attention head.
+
+Three estimates, all through the gate mechanism of :mod:`probes.gates`:
+
+- ``ablation``: remove one head at a time (its ``hook_z`` output set to 0) and measure the
+  change of the next-token loss, exactly (leave-one-out);
+- ``mean_ablation``: replace the head's output by its per-position mean over the data, which
+  removes what the head computes from the input without moving the residual stream off its
+  usual range;
+- ``gradient``: Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than One?",
+  eq. 2: ``I_h = E_x |dL(x)/dxi_h|`` for a gate ``xi_h`` on the head's output held at 1; one
+  forward and one backward pass. ``normalize=True`` divides each layer's scores by their L2 norm,
+  as they do (§4.1, after Molchanov et al. 2017).
+
+A larger importance means a more important head; for the ablations importance is the loss change
+itself (it may be negative: removing the head helps).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from probes import gates
+from probes._validate import (
+    METHODS,
+    ModelInfo,
+    ProbeData,
+    check_batch_size,
+    check_bool,
+    check_choice,
+    model_info,
+    prepare,
+)
+
+
+def leave_one_out(model: Any, info: ModelInfo, data: ProbeData, *, base: Optional[Tensor] = None,
+                  means: Optional[Tensor] = None, batch_size: Optional[int] = None) -> tuple[Tensor, float]:
+    """Loss change ``[n_layers, n_heads]`` from removing each head still on in ``base``, and the base loss.
+
+    Heads already off in ``base`` get NaN. The base itself rides in the same batched call.
+    """
+    L, H = info.n_layers, info.n_heads
+    base = torch.ones(L, H, device=info.device) if base is None else base.to(info.device, torch.float32)
+    on = base.flatten().nonzero().flatten()
+    masks = base.flatten().repeat(len(on) + 1, 1)  # row 0: the base itself
+    masks[torch.arange(1, len(on) + 1, device=info.device), on] = 0
+    loss, _ = gates.masked_stats(model, info, data, masks.view(-1, L, H), means=means, base=base,
+                                 batch_size=batch_size)
+    delta = torch.full((L * H,), float("nan"), dtype=torch.float64, device=info.device)
+    delta[on] = loss[1:] - loss[0]
+    return delta.view(L, H), float(loss[0])
+
+
+def importance_scores(model: Any, info: ModelInfo, data: ProbeData, method: str, *, base: Optional[Tensor] = None,
+                      means: Optional[Tensor] = None, batch_size: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """``(importance, loss_delta)``, each ``[n_layers, n_heads]`` float64, for an already validated call."""
+    if method == "gradient":
+        return gates.gate_gradients(model, info, data, base=base, means=means, batch_size=batch_size)
+    delta, _ = leave_one_out(model, info, data, base=base, means=means, batch_size=batch_size)
+    return delta, delta
+
+
+def layer_normalize(scores: Tensor) -> Tensor:
+    """Divide each layer's scores by their L2 norm (Michel et al. 2019 §4.1); an all-zero layer stays 0."""
+    finite = torch.nan_to_num(scores, nan=0.0)
+    norm = finite.norm(dim=1, keepdim=True)
+    return torch.where(norm > 0, scores / norm.clamp(min=torch.finfo(scores.dtype).tiny), scores)
+
+
+def head_importance(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, method: str = "ablation",
+                    batch_size: Optional[int] = None, normalize: bool = False,
+                    attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
+    """Importance of every head: ``DataFrame[layer, head, importance, loss_delta]``.
+
+    ``tokens`` ``[n, pos]``; the loss is the next-token cross-entropy over the targets selected by
+    ``loss_mask`` (``loss_mask[i, t]`` = 1: token t counts when predicted from position t-1; None:
+    every target). ``loss_delta`` is the loss change when the head is removed: measured for the
+    ablations, the first-order estimate ``-dL/dxi_h`` for ``gradient``. ``normalize`` applies the
+    per-layer L2 normalization to ``importance``. ``batch_size`` bounds the sequences per forward
+    pass (copies for different masks count separately). ``attrs["baseline_loss"]`` holds the
+    unablated loss for the ablation methods.
+    """
+    check_choice("method", method, METHODS)
+    check_bool("normalize", normalize)
+    batch_size = check_batch_size(batch_size)
+    info = model_info(model)
+    data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    baseline = None
+    if method == "gradient":
+        importance, delta = gates.gate_gradients(model, info, data, batch_size=batch_size)
+    else:
+        delta, baseline = leave_one_out(model, info, data, means=means, batch_size=batch_size)
+        importance = delta
+    if normalize:
+        importance = layer_normalize(importance)
+    L, H = info.n_layers, info.n_heads
+    frame = pd.DataFrame({
+        "layer": torch.arange(L).repeat_interleave(H).numpy(),
+        "head": torch.arange(H).repeat(L).numpy(),
+        "importance": importance.flatten().cpu().numpy(),
+        "loss_delta": delta.flatten().cpu().numpy(),
+    })
+    frame.attrs.update(method=method, normalize=normalize, baseline_loss=baseline)
+    return frame

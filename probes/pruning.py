@@ -1,0 +1,194 @@
+"""Pruning curves and the redundancy headline numbers (Michel, Levy & Neubig 2019).
+
+Heads are pruned cumulatively: least important first (importance order; with ``reestimate``
+the importance of the remaining heads is recomputed after each step, Michel et al. §4.2), or in a
+seeded random order, the baseline a pruning curve needs to mean anything. A pruned head's
+``hook_z`` output is zero (its per-position mean for ``method="mean_ablation"``). Every mask of a
+curve rides in one batched call of :func:`probes.gates.masked_stats`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from probes import gates
+from probes._validate import (
+    METHODS,
+    ModelInfo,
+    ProbeData,
+    check_batch_size,
+    check_bool,
+    check_choice,
+    check_fractions,
+    check_orders,
+    check_seeds,
+    check_tolerance,
+    model_info,
+    prepare,
+)
+from probes.importance import importance_scores
+
+
+def _ranking(model: Any, info: ModelInfo, data: ProbeData, method: str, means: Optional[Tensor],
+             steps: list[int], reestimate: bool, batch_size: Optional[int]) -> Tensor:
+    """Flat head indices, least important first.
+
+    Without ``reestimate`` one importance estimate orders every head; with it, importance is
+    recomputed on the pruned model before each step in ``steps`` (cumulative head counts).
+    Ties keep the head order (layer, then head), so the ranking is deterministic.
+    """
+    N = info.n_layers * info.n_heads
+    if not reestimate:
+        scores, _ = importance_scores(model, info, data, method, means=means, batch_size=batch_size)
+        return torch.sort(scores.flatten().cpu(), stable=True).indices
+    order: list[int] = []
+    base = torch.ones(N, device=info.device)
+    for target in sorted(set(steps) | {N}):
+        if target <= len(order):
+            continue
+        scores, _ = importance_scores(model, info, data, method, base=base.view(info.n_layers, info.n_heads),
+                                      means=means, batch_size=batch_size)
+        scores = scores.flatten().cpu()
+        scores[torch.tensor(order, dtype=torch.long)] = float("inf")  # already pruned
+        chosen = torch.sort(scores, stable=True).indices[: target - len(order)].tolist()
+        order += chosen
+        base[chosen] = 0
+    return torch.tensor(order, dtype=torch.long)
+
+
+def _cumulative_masks(order: Tensor, counts: list[int], n_layers: int, n_heads: int) -> Tensor:
+    """``[len(counts), n_layers, n_heads]``: mask i prunes the first ``counts[i]`` heads of ``order``."""
+    masks = torch.ones(len(counts), n_layers * n_heads)
+    for i, c in enumerate(counts):
+        masks[i, order[:c]] = 0
+    return masks.view(-1, n_layers, n_heads)
+
+
+def _random_order(seed: int, n: int) -> Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+
+def prune_curve(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, order: Any = "importance",
+                fractions: Any = None, seeds: Any = (0, 1, 2), reestimate: bool = False, method: str = "ablation",
+                batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
+    """Loss and accuracy as heads are pruned: ``DataFrame[order, seed, n_pruned, fraction_pruned, loss, accuracy]``.
+
+    ``order``: "importance", "random", or a sequence of both. ``fractions`` (default 0, 0.1, ..., 1)
+    are rounded to whole heads; ``fraction_pruned`` is the fraction actually pruned. ``seeds`` seed
+    the random orders (``seed`` is <NA> for the importance order). ``method`` is the importance
+    estimate (see :func:`probes.head_importance`) and, for ``mean_ablation``, how heads are removed.
+    """
+    orders = check_orders(order)
+    fracs = check_fractions(fractions)
+    seeds = check_seeds(seeds) if "random" in orders else ()
+    check_bool("reestimate", reestimate)
+    check_choice("method", method, METHODS)
+    batch_size = check_batch_size(batch_size)
+    info = model_info(model)
+    data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    L, H = info.n_layers, info.n_heads
+    N = L * H
+    counts = sorted({round(f * N) for f in fracs})
+    means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+
+    runs: list[tuple[str, Any, Tensor]] = []
+    if "importance" in orders:
+        runs.append(("importance", pd.NA, _ranking(model, info, data, method, means, counts, reestimate, batch_size)))
+    for seed in seeds:
+        runs.append(("random", seed, _random_order(seed, N)))
+    masks = torch.cat([_cumulative_masks(perm, counts, L, H) for _, _, perm in runs])
+    loss, acc = gates.masked_stats(model, info, data, masks, means=means, batch_size=batch_size)
+    rows = []
+    for r, (name, seed, _) in enumerate(runs):
+        for i, c in enumerate(counts):
+            j = r * len(counts) + i
+            rows.append((name, seed, c, c / N, float(loss[j]), float(acc[j])))
+    frame = pd.DataFrame(rows, columns=["order", "seed", "n_pruned", "fraction_pruned", "loss", "accuracy"])
+    frame["seed"] = frame["seed"].astype("Int64")
+    frame.attrs.update(method=method, reestimate=reestimate, n_heads=N)
+    return frame
+
+
+def _prunable(losses: Tensor, limit: float) -> int:
+    """Heads pruned before the loss first exceeds ``limit`` (``losses[n]`` = loss with n pruned)."""
+    over = (losses > limit).nonzero()
+    return int(over[0]) - 1 if len(over) else len(losses) - 1
+
+
+def redundancy(model: Any, tokens: Tensor, *, tolerance: float = 0.01, loss_mask: Optional[Tensor] = None,
+               method: str = "ablation", seeds: Any = (0, 1, 2), reestimate: bool = False,
+               batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.Series:
+    """The headline numbers of head redundancy, as a ``pandas.Series``.
+
+    A model "survives" a pruning when its loss stays within ``baseline * (1 + tolerance)``.
+
+    - ``prunable_fraction`` / ``prunable_heads``: how many heads can be pruned, least important
+      first, before the loss first leaves the tolerance; ``random_prunable_fraction``: the same
+      for random orders (mean over ``seeds``), the baseline it must beat;
+    - ``heads_needed_L{l}``: the fewest heads layer l can keep (pruned least important first,
+      every other layer intact) and survive;
+    - ``one_head_best_L{l}`` / ``one_head_rel_increase_L{l}``: Michel et al.'s "one head is
+      sufficient" test (§3.2): layer l keeps only its best single head, the rest intact; and
+      ``one_head_all_layers_rel_increase``: every layer keeps only its best head at once.
+    """
+    tolerance = check_tolerance(tolerance)
+    check_choice("method", method, METHODS)
+    seeds = check_seeds(seeds)
+    check_bool("reestimate", reestimate)
+    batch_size = check_batch_size(batch_size)
+    info = model_info(model)
+    data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    L, H = info.n_layers, info.n_heads
+    N = L * H
+    counts = list(range(N + 1))
+    means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    ranking = _ranking(model, info, data, method, means, counts, reestimate, batch_size)
+
+    blocks = [_cumulative_masks(ranking, counts, L, H)]  # importance curve, one mask per head count
+    blocks += [_cumulative_masks(_random_order(s, N), counts, L, H) for s in seeds]
+    for layer in range(L):  # prune within one layer only, in the global ranking's order
+        in_layer = ranking[(ranking // H) == layer]
+        blocks.append(_cumulative_masks(in_layer, list(range(H + 1)), L, H))
+    single = torch.ones(L * H, L, H)
+    for layer in range(L):
+        for h in range(H):
+            single[layer * H + h, layer] = 0
+            single[layer * H + h, layer, h] = 1
+    blocks.append(single)
+    masks = torch.cat(blocks)
+    loss, acc = gates.masked_stats(model, info, data, masks, means=means, batch_size=batch_size)
+
+    baseline = float(loss[0])
+    limit = baseline * (1 + tolerance)
+    k = N + 1
+    curves = loss[: k * (1 + len(seeds))].view(1 + len(seeds), k)
+    prunable = _prunable(curves[0], limit)
+    random_prunable = [_prunable(c, limit) for c in curves[1:]]
+    out: dict[str, Any] = {
+        "n_heads": N, "tolerance": tolerance, "baseline_loss": baseline, "baseline_accuracy": float(acc[0]),
+        "prunable_heads": prunable, "prunable_fraction": prunable / N,
+        "pruned_loss": float(curves[0, prunable]), "pruned_accuracy": float(acc[prunable]),
+        "random_prunable_fraction": sum(random_prunable) / len(random_prunable) / N,
+    }
+    start = k * (1 + len(seeds))
+    for layer in range(L):
+        layer_curve = loss[start + layer * (H + 1): start + (layer + 1) * (H + 1)]
+        out[f"heads_needed_L{layer}"] = H - _prunable(layer_curve, limit)
+    start += L * (H + 1)
+    one = loss[start: start + L * H].view(L, H)
+    best = one.argmin(1)
+    for layer in range(L):
+        out[f"one_head_best_L{layer}"] = int(best[layer])
+        out[f"one_head_rel_increase_L{layer}"] = float(one[layer, best[layer]] / baseline - 1)
+    keep_best = torch.zeros(1, L, H)
+    keep_best[0, torch.arange(L), best.cpu()] = 1
+    all_loss, all_acc = gates.masked_stats(model, info, data, keep_best, means=means, batch_size=batch_size)
+    out["one_head_all_layers_rel_increase"] = float(all_loss[0] / baseline - 1)
+    out["one_head_all_layers_accuracy"] = float(all_acc[0])
+    series = pd.Series(out, name="redundancy", dtype=object)
+    series.attrs.update(method=method, reestimate=reestimate)
+    return series
