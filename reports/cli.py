@@ -261,8 +261,9 @@ def demo(out_dir: str, overwrite: bool, check_examples: int, sequences: int, d_h
         ("induction heads found", f"{len(heads)}" + (f": {', '.join(heads)}" if heads else "")),
     ]
     click.echo("headline:")
+    width = max(len(label) for label, _ in rows) + 2
     for label, value in rows:
-        click.echo(f"  {label:<36}{value}")
+        click.echo(f"  {label:<{width}}{value}")
     click.echo(f"report: {result.report.html}")
     click.echo(f"        {result.report.markdown}")
 
