@@ -307,7 +307,7 @@ TASKS: dict[str, type[Task]] = {t.name: t for t in (Induction, Copy, Reverse, So
 
 def check_options(name: Any, options: Any) -> None:
     """Raise ValueError unless ``name`` is a task and ``options`` holds only its option names."""
-    if name not in TASKS:
+    if not isinstance(name, str) or name not in TASKS:  # a list or dict name would fail hashing, unnamed
         raise ValueError(f"unknown task {name!r}: expected one of {sorted(TASKS)}")
     if not isinstance(options, dict):
         raise TypeError(f"task options must be a dict, got {type(options).__name__}")
