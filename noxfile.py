@@ -1,7 +1,7 @@
 """nox sessions. They run in the current environment (install with `pip install -e '.[test]'`
 after the CPU torch wheel), so a session costs test time, not install time.
 
-    nox                 lint, tests, properties, bench (short)  -- what CI runs
+    nox                 lint, tests, properties, bench (short), browser  -- what CI runs
     nox -s tests        unit, reference-equivalence, mutation and CLI tests
     nox -s properties   hypothesis property tests over many generated configurations
     nox -s bench        side-by-side benchmarks, short mode (ATTNLAB_BENCH=full for the full table)
@@ -18,12 +18,13 @@ import nox
 PY = sys.executable  # the interpreter nox runs under: the project venv, activated or not
 
 nox.options.default_venv_backend = "none"
-nox.options.sessions = ["lint", "tests", "properties", "bench"]
+nox.options.sessions = ["lint", "tests", "properties", "bench", "browser"]
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties", "-q", *session.posargs,
+    session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties", "-q",
+                "--ignore=tests/test_browser.py", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
 
 
