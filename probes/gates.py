@@ -46,6 +46,10 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
+        # model.train() first: a TransformerBridge propagates it to the wrapped Hugging Face model,
+        # whose root is not among the bridge's modules(); then any mixed per-module flags.
+        if len({flag for _, flag in flags}) == 1:
+            model.train(flags[0][1])
         for m, flag in flags:
             m.training = flag
 
