@@ -152,6 +152,12 @@ def load(run_dir: Any) -> RunData:
     with torch.device("meta"):  # counting parameters needs shapes, not memory
         params = parameter_counts(Transformer(model_cfg))
     metrics = read_csv(path / METRICS_CSV, COLUMNS[METRICS_CSV])
+    # Damaged values would otherwise surface as an unnamed pandas or plotting error.
+    text = [c for c in COLUMNS[METRICS_CSV] if not pd.api.types.is_numeric_dtype(metrics[c])]
+    if text or metrics.empty or metrics["step"].isna().any():
+        what = ("no rows" if metrics.empty else f"non-numeric values in column(s) {text}" if text
+                else "rows without a step")
+        raise ValueError(f"{path / METRICS_CSV} has {what}: expected one numeric row per logged training step")
     probes = path / PROBES_DIR
     data = RunData(run_dir=path, name=path.resolve().name, model_config=model_cfg, train_config=train_cfg,
                    params=params, metrics=metrics,

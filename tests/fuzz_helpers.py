@@ -124,8 +124,8 @@ class _Summary:
                 parts.append(f"{kind} {TALLY[f'{kind} clean']}/{tried} clean errors{extra}")
         total = sum(TALLY[f"{k} tried"] for k in ("api", "cli"))
         clean = sum(TALLY[f"{k} clean"] for k in ("api", "cli"))
-        terminalreporter.write_line(f"attnlab fuzz: {clean}/{total} generated bad-input cases gave a clean error "
-                                    f"({'; '.join(parts)})")
+        head = f"{clean}/{total} generated bad-input cases gave a clean error; " if total else ""
+        terminalreporter.write_line(f"attnlab fuzz: {head}{'; '.join(parts)}")
 
 
 def install_summary(config: pytest.Config) -> None:
