@@ -65,7 +65,7 @@ def plan_for(mode: str, device: torch.device) -> Plan:
     batches = (16, 16, 8) if full else (8, 8, 2)
     # Probes: 4 layers, as the bound (L+1)/2L of the work is stated for; a small vocabulary,
     # as the synthetic tasks have, so the unembedding does not dominate every pass.
-    probes = Shape(4, 128, 8, 64, 32 if full else 16, 128)
+    probes = Shape(4, 128, 8, 64, 32 if full else 8, 128)
     hooks = Shape(4, 256, 8, 128, 16 if full else 8)
     if device.type == "cuda":
         big = [Shape(*s, batch=32) for s in sizes]

@@ -111,11 +111,12 @@ def probe_rows(shape: Shape, device: torch.device, rounds: int, checks: dict) ->
     # deltas (differences of losses ~ ln d_vocab) agree to a few float32 ulps of the loss.
     checks["ablation_vs_naive_max_abs"] = float((torch.tensor(ours["loss_delta"].to_numpy()).view_as(naive)
                                                  - naive).abs().max())
+    head_importance(model, tokens, method="gradient")  # warm-up; the two calls above warmed the others
     med = interleaved_medians({
         "naive": lambda: naive_head_ablation(model, tokens),
         "ablation": lambda: head_importance(model, tokens, method="ablation"),
         "gradient": lambda: head_importance(model, tokens, method="gradient"),
-    }, rounds=rounds, warmup=1, device=device)
+    }, rounds=rounds, warmup=0, device=device)
     n = shape.n_layers * shape.n_heads
     return [
         Row(f"head ablation (batched, prefix reuse) vs {n + 1} forwards, {shape.label}", med["ablation"],
