@@ -311,7 +311,7 @@ def prepare_run_dir(run_dir: Path) -> None:
     full disk fails at once with the folder named (and a folder created here is removed again)."""
     run_dir = Path(run_dir)
     created = not run_dir.exists()
-    probe = run_dir / f".write-test.{os.getpid()}"
+    probe = run_dir / ".attnlab-write-test"  # one fixed name: a probe left by a killed process is reused
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as f:

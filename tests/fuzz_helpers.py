@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-TALLY: Counter = Counter()  # "<kind> tried" / "<kind> clean" for kind in api, cli, file
+TALLY: Counter = Counter()  # "<kind> tried" / "<kind> clean" for kind in api, cli, file, kill
 API_ERRORS = (ValueError, TypeError)
 
 
@@ -125,6 +125,10 @@ class _Summary:
         total = sum(TALLY[f"{k} tried"] for k in ("api", "cli"))
         clean = sum(TALLY[f"{k} clean"] for k in ("api", "cli"))
         head = f"{clean}/{total} generated bad-input cases gave a clean error; " if total else ""
+        if TALLY["kill tried"]:
+            parts.append(f"SIGKILL trials {TALLY['kill clean']}/{TALLY['kill tried']} resumed exactly "
+                         f"({TALLY['kill killed']} killed mid-run, {TALLY['kill mid-swap']} of them between the "
+                         f"two renames of a checkpoint swap; {TALLY['kill finished first']} finished first)")
         terminalreporter.write_line(f"attnlab fuzz: {head}{'; '.join(parts)}")
 
 
