@@ -162,9 +162,9 @@ def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_d
                                  f"at step {done}: expected a later step")
         distributed.barrier(info)  # every rank has read run_dir before rank 0 changes it
         if info.is_main:
+            ckpt.prepare_run_dir(run_dir)  # a read-only or full disk fails here, before any work (or deletion)
             if overwrite:
                 ckpt.remove_run(run_dir)
-            ckpt.prepare_run_dir(run_dir)  # a read-only or full disk fails here, before any work
         distributed.barrier(info)
         if model is None:
             model = Transformer(model_cfg)
