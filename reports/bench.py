@@ -109,9 +109,9 @@ def run_suite(mode: str = "short", device: Union[None, str, torch.device] = None
     start = time.perf_counter()
     checks: dict = {}
     rows: list[Row] = []
-    tf32 = torch.backends.cuda.matmul.allow_tf32
+    precision = torch.get_float32_matmul_precision()
     if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 parts outside autocast run as TF32
+        torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls outside autocast, as training does
     try:
         for shape in plan.train:
             rows.append(train_step_row(shape, dev, plan.train_rounds, amp=plan.amp, compile_models=plan.compile_train))
@@ -124,7 +124,7 @@ def run_suite(mode: str = "short", device: Union[None, str, torch.device] = None
         if plan.compile:
             checks.update(compiled_hook_check(dev))
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.set_float32_matmul_precision(precision)
     frame = pd.DataFrame([r.record() for r in rows], columns=COLUMNS)
     frame.attrs.update(mode=mode, device=str(dev), device_name=_device_name(dev), threads=torch.get_num_threads(),
                        torch=torch.__version__, amp=plan.amp, compile=plan.compile, checks=checks,
