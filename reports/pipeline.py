@@ -72,10 +72,11 @@ def train(model_cfg: Any, train_cfg: Any, run_dir: str | os.PathLike, *, resume:
 
 def _load(run_dir: str | os.PathLike):
     import harness
-    from harness.checkpoint import read_configs
+    from harness.checkpoint import prepare_run_dir, read_configs
 
     path = rundata.require_run_dir(run_dir)
     model_cfg, train_cfg = read_configs(path)
+    prepare_run_dir(path)  # check and probe write into the run: a read-only or full disk fails before the work
     return path, harness.load_run(path), model_cfg, train_cfg
 
 

@@ -463,10 +463,14 @@ def test_probes_refuse_bad_options_before_any_forward_pass(case):
 # --- tasks, config JSON, run directories ----------------------------------------------------------------
 @st.composite
 def bad_tasks(draw):
-    kind = draw(st.sampled_from(["name", "seq_len", "even", "option_name"]))
+    kind = draw(st.sampled_from(["name", "seq_len", "even", "option_name", "path"]))
     if kind == "name":
         value = draw(bad_choice(tuple(TASKS)))
         return (value, 16, 16, None, {}), "task", value
+    if kind == "path":  # the text task's corpus: a path that does not exist
+        path = "/nonexistent-attnlab/missing-" + draw(st.text(alphabet="abc-_.", min_size=1, max_size=8))
+        paths = draw(st.sampled_from([path, [path], [path, "/nonexistent-attnlab"]]))
+        return ("text", 256, 256, 8, {"paths": paths}), "neither a file nor a folder", path
     if kind == "seq_len":
         value = draw(st.one_of(st.integers(max_value=1), st.integers(17, 1000),
                                not_int().filter(lambda v: v is not None)))
@@ -482,7 +486,8 @@ def bad_tasks(draw):
 @given(bad_tasks())
 def test_make_task_refuses_bad_tasks(case):
     args, name, value = case
-    api_error(lambda: make_task(*args), name, value=value)
+    errors = (FileNotFoundError,) if args[0] == "text" else (ValueError, TypeError)
+    api_error(lambda: make_task(*args), name, value=value, errors=errors)
 
 
 @st.composite

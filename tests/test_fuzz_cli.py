@@ -134,7 +134,7 @@ FLAGS = ["--attn-only", "--gated-mlp", "--tie-embeddings", "--compile", "--amp",
 @st.composite
 def bad_train_args(draw):
     """(extra args, names one of which the message must hold, the value it must spell or None)."""
-    kind = draw(st.sampled_from(["option"] * 6 + ["flag", "unknown", "contradiction"]))
+    kind = draw(st.sampled_from(["option"] * 6 + ["flag", "unknown", "contradiction", "corpus"]))
     if kind == "option":
         option = draw(st.sampled_from(sorted(OPTIONS)))
         field, values = OPTIONS[option]
@@ -146,6 +146,10 @@ def bad_train_args(draw):
         if option == "--betas" and len(pair) == 2 and all(_parses(float, v) for v in pair):
             value = pair[0]  # a pair of numbers with one out of range: the message names that element, betas[0]
         return [f"{option}={raw}"], names, value
+    if kind == "corpus":  # the text task reading a corpus that does not exist
+        path = "/nonexistent-attnlab/missing-" + draw(st.text(alphabet="abc-_.", min_size=1, max_size=8))
+        return (["--task", "text", "--d-vocab", "256", f"--task-option=paths={json.dumps(path)}"],
+                ("neither a file nor a folder",), path)
     if kind == "flag":
         flag = draw(st.sampled_from(FLAGS))
         return [f"{flag}={draw(st.sampled_from(['yes', '1', 'x']))}"], (flag,), None

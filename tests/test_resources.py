@@ -166,6 +166,22 @@ def test_resuming_or_reporting_a_run_on_a_read_only_disk_fails_at_once_and_chang
     assert read_state(tmp_path / "ro")["step"] == 2
 
 
+def test_check_and_probe_on_a_read_only_run_fail_before_the_work(trained, tmp_path, monkeypatch):
+    import probes
+    import properties
+
+    work = []
+    monkeypatch.setattr(properties, "check_model", lambda *a, **k: work.append("check"))
+    monkeypatch.setattr(probes, "head_importance", lambda *a, **k: work.append("probe"))
+    shutil.copytree(trained, tmp_path / "ro")
+    with read_only(tmp_path / "ro") as ro:
+        before = snapshot(ro)
+        for command in (["check", str(ro), "--max-examples", "1"], ["probe", str(ro), "--sequences", "2"]):
+            err = one_line_error(invoke(command))
+            assert f"cannot write into run directory {ro}" in err, err
+        assert snapshot(ro) == before and work == []
+
+
 # --- full disk ------------------------------------------------------------------------------------------
 def test_a_new_run_on_a_full_disk_fails_before_training_and_leaves_no_partial_checkpoint(tmp_path, no_steps):
     """8 KiB: room for the write probe, not for a checkpoint (the weights alone are ~35 KB)."""
