@@ -369,3 +369,21 @@ def test_state_json_with_mistyped_fields_is_refused_on_resume(copy, field, value
     refused_api(lambda: train(*_configs(copy), copy, resume=True, progress=False), "state.json", field)
     refused_cli(["train", "--out", str(copy), *ARGS, *MORE, "--resume"], "state.json", field)
     count_file_case(True)
+
+
+def test_markup_in_a_run_name_or_task_path_is_escaped_in_the_report(run, tmp_path):
+    """Names and config values come from the files; the report shows them as text, never as markup."""
+    evil = shutil.copytree(run, tmp_path / "<script>alert(1)")  # a folder name cannot hold '/'
+    path = evil / "checkpoint" / "config.json"
+    config = json.loads(path.read_text())
+    config["train"]["task_options"] = {"paths": ["<script>alert(2)</script>", "<img src=x onerror=alert(3)>"]}
+    config["train"]["task"] = "text"
+    path.write_text(json.dumps(config))
+    result = invoke(["report", str(evil)])
+    assert result.exit_code == 0, result.stderr
+    html = (evil / "report.html").read_text(encoding="utf-8")
+    md = (evil / "report.md").read_text(encoding="utf-8")
+    for text in (html, md):
+        assert "<script" not in text and "<img src=x" not in text  # (the figures are <img src="data:...">)
+        assert "&lt;script&gt;alert(1)" in text and "&lt;script&gt;alert(2)&lt;/script&gt;" in text
+        assert "&lt;img src=x onerror=alert(3)&gt;" in text
