@@ -117,11 +117,12 @@ class _Summary:
         if not TALLY:
             return
         parts = []
-        for kind in ("api", "cli", "file"):
-            tried = TALLY[f"{kind} tried"]
-            if tried:
-                extra = f", {TALLY['file loaded']} still valid and loaded" if kind == "file" else ""
-                parts.append(f"{kind} {TALLY[f'{kind} clean']}/{tried} clean errors{extra}")
+        for kind in ("api", "cli"):
+            if TALLY[f"{kind} tried"]:
+                parts.append(f"{kind} {TALLY[f'{kind} clean']}/{TALLY[f'{kind} tried']} clean errors")
+        if TALLY["file tried"]:
+            parts.append(f"damaged or untrusted files: {TALLY['file clean']} of {TALLY['file tried']} refused with an "
+                         f"error naming the file, {TALLY['file loaded']} still valid after a random header flip")
         total = sum(TALLY[f"{k} tried"] for k in ("api", "cli"))
         clean = sum(TALLY[f"{k} clean"] for k in ("api", "cli"))
         head = f"{clean}/{total} generated bad-input cases gave a clean error; " if total else ""
