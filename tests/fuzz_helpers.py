@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+from hypothesis import strategies as st
 
+NAN, INF = math.nan, math.inf
 TALLY: Counter = Counter()  # "<kind> tried" / "<kind> clean" for kind in api, cli, file, kill
 API_ERRORS = (ValueError, TypeError)
 
@@ -136,3 +138,43 @@ class _Summary:
 def install_summary(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("attnlab-fuzz-summary"):
         config.pluginmanager.register(_Summary(), "attnlab-fuzz-summary")
+
+
+# --- invalid values, by kind: strategies the fuzz tests draw from ------------------------------------
+OTHER = st.one_of(st.text(max_size=6), st.none(), st.just([1]), st.just({"a": 1}), st.just((2,)), st.just(b"1"))
+
+
+def not_int(none_ok: bool = False):
+    """Anything but an int (bools are refused too: True is not a layer count)."""
+    kinds = [st.floats(allow_nan=True, allow_infinity=True), st.booleans(), OTHER]
+    return st.one_of(*kinds).filter(lambda v: not (none_ok and v is None))
+
+
+def bad_int(minimum: int, none_ok: bool = False):
+    return st.one_of(st.integers(max_value=minimum - 1), not_int(none_ok))
+
+
+def not_number():
+    return st.one_of(st.booleans(), OTHER)
+
+
+def bad_float(low: float, high: float | None = None, low_inclusive: bool = False, none_ok: bool = False):
+    """Numbers outside (low, high] (or [low, high]), NaN, +-inf, and non-numbers."""
+    below = st.floats(max_value=low, exclude_max=low_inclusive, allow_nan=False)
+    others = not_number().filter(lambda v: not (none_ok and v is None))
+    kinds = [below, st.just(NAN), st.just(INF), st.just(-INF), others]
+    if high is not None:
+        kinds.append(st.floats(min_value=high, exclude_min=True, allow_nan=False))
+    return st.one_of(*kinds)
+
+
+def bad_choice(choices, none_ok: bool = False):
+    texts = st.text(max_size=10).filter(lambda s: s not in choices)
+    return st.one_of(texts, st.integers(), st.booleans(), OTHER).filter(
+        lambda v: not (none_ok and v is None) and not (isinstance(v, str) and v in choices))
+
+
+def not_bool():
+    return st.one_of(st.integers(), st.floats(allow_nan=False), OTHER)
+
+
