@@ -130,7 +130,8 @@ def masked_stats(model: Any, info: ModelInfo, data: ProbeData, masks: Tensor, *,
     from ``base`` and starts there (prefix reuse); it does not change any result.
     """
     L, H = info.n_layers, info.n_heads
-    masks = masks.to(info.device, torch.float32)
+    # identical masks (e.g. every order's "all heads pruned") are evaluated once
+    masks, inverse = torch.unique(masks.to(info.device, torch.float32), dim=0, return_inverse=True)
     base = torch.ones(L, H, device=info.device) if base is None else base.to(info.device, torch.float32)
     k = masks.shape[0]
     if info.prefix_reuse:
@@ -165,7 +166,7 @@ def masked_stats(model: Any, info: ModelInfo, data: ProbeData, masks: Tensor, *,
                     loss_sum[sel] += (nll * w).sum((1, 2)).double()
                     correct_sum[sel] += (correct.float() * w).sum((1, 2)).double()
     total = data.weights.sum().double()
-    return loss_sum / total, correct_sum / total
+    return (loss_sum / total)[inverse], (correct_sum / total)[inverse]
 
 
 def head_means(model: Any, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None) -> Tensor:

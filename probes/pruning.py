@@ -1,8 +1,9 @@
 """Pruning curves and the redundancy headline numbers (Michel, Levy & Neubig 2019).
 
-Heads are pruned cumulatively: least important first (importance order; with ``reestimate``
-the importance of the remaining heads is recomputed after each step, Michel et al. §4.2), or in a
-seeded random order, the baseline a pruning curve needs to mean anything. A pruned head's
+Heads are pruned cumulatively: least important first (importance order, by default the gradient
+importance I_h Michel et al. prune by; with ``reestimate`` the importance of the remaining heads is
+recomputed after each step, their §4.2), or in a seeded random order, the baseline a pruning curve
+needs to mean anything. A pruned head's
 ``hook_z`` output is zero (its per-position mean for ``method="mean_ablation"``). Every mask of a
 curve rides in one batched call of :func:`probes.gates.masked_stats`.
 """
@@ -73,14 +74,16 @@ def _random_order(seed: int, n: int) -> Tensor:
 
 
 def prune_curve(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, order: Any = "importance",
-                fractions: Any = None, seeds: Any = (0, 1, 2), reestimate: bool = False, method: str = "ablation",
+                fractions: Any = None, seeds: Any = (0, 1, 2), reestimate: bool = False, method: str = "gradient",
                 batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """Loss and accuracy as heads are pruned: ``DataFrame[order, seed, n_pruned, fraction_pruned, loss, accuracy]``.
 
     ``order``: "importance", "random", or a sequence of both. ``fractions`` (default 0, 0.1, ..., 1)
     are rounded to whole heads; ``fraction_pruned`` is the fraction actually pruned. ``seeds`` seed
     the random orders (``seed`` is <NA> for the importance order). ``method`` is the importance
-    estimate (see :func:`probes.head_importance`) and, for ``mean_ablation``, how heads are removed.
+    estimate (see :func:`probes.head_importance`) and, for ``mean_ablation``, how heads are removed;
+    the default, ``gradient``, is the I_h Michel et al. prune by (one forward and backward pass,
+    where exact leave-one-out ``ablation`` costs a masked pass per head).
     """
     orders = check_orders(order)
     fracs = check_fractions(fractions)
@@ -113,30 +116,39 @@ def prune_curve(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = Non
     return frame
 
 
-def _prunable(losses: Tensor, limit: float) -> int:
-    """Heads pruned before the loss first exceeds ``limit`` (``losses[n]`` = loss with n pruned)."""
-    over = (losses > limit).nonzero()
-    return int(over[0]) - 1 if len(over) else len(losses) - 1
+CRITERIA = ("loss", "accuracy")
+
+
+def _prunable(broken: Tensor) -> int:
+    """Heads pruned before the model first fails (``broken[n]``: it fails with n heads pruned)."""
+    over = broken.nonzero()
+    return int(over[0]) - 1 if len(over) else len(broken) - 1
 
 
 def redundancy(model: Any, tokens: Tensor, *, tolerance: float = 0.01, loss_mask: Optional[Tensor] = None,
-               method: str = "ablation", seeds: Any = (0, 1, 2), reestimate: bool = False,
+               method: str = "gradient", seeds: Any = (0, 1, 2), reestimate: bool = False, criterion: str = "loss",
                batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.Series:
     """The headline numbers of head redundancy, as a ``pandas.Series``.
 
-    A model "survives" a pruning when its loss stays within ``baseline * (1 + tolerance)``.
+    A pruned model "survives" when its loss stays within ``baseline_loss * (1 + tolerance)``
+    (``criterion="loss"``), or, with ``criterion="accuracy"``, when its next-token accuracy stays
+    within ``tolerance`` of ``baseline_accuracy`` (Michel et al. 2019 read accuracy / BLEU). A model
+    that solves its task almost perfectly has a loss near 0, where any relative loss budget is tiny;
+    the accuracy reading is the useful one there.
 
     - ``prunable_fraction`` / ``prunable_heads``: how many heads can be pruned, least important
-      first, before the loss first leaves the tolerance; ``random_prunable_fraction``: the same
-      for random orders (mean over ``seeds``), the baseline it must beat;
+      first, before the model first fails; ``random_prunable_fraction``: the same for random orders
+      (mean over ``seeds``), the baseline it must beat;
     - ``heads_needed_L{l}``: the fewest heads layer l can keep (pruned least important first,
       every other layer intact) and survive;
     - ``one_head_best_L{l}`` / ``one_head_rel_increase_L{l}``: Michel et al.'s "one head is
-      sufficient" test (§3.2): layer l keeps only its best single head, the rest intact; and
-      ``one_head_all_layers_rel_increase``: every layer keeps only its best head at once.
+      sufficient" test (§3.2): layer l keeps only its best single head, the rest intact, and the
+      relative loss increase; ``one_head_all_layers_rel_increase`` / ``_accuracy``: every layer
+      keeps only its best head at once.
     """
     tolerance = check_tolerance(tolerance)
     check_choice("method", method, METHODS)
+    check_choice("criterion", criterion, CRITERIA)
     seeds = check_seeds(seeds)
     check_bool("reestimate", reestimate)
     batch_size = check_batch_size(batch_size)
@@ -159,25 +171,27 @@ def redundancy(model: Any, tokens: Tensor, *, tolerance: float = 0.01, loss_mask
             single[layer * H + h, layer] = 0
             single[layer * H + h, layer, h] = 1
     blocks.append(single)
-    masks = torch.cat(blocks)
-    loss, acc = gates.masked_stats(model, info, data, masks, means=means, batch_size=batch_size)
+    loss, acc = gates.masked_stats(model, info, data, torch.cat(blocks), means=means, batch_size=batch_size)
 
-    baseline = float(loss[0])
-    limit = baseline * (1 + tolerance)
+    baseline, baseline_acc = float(loss[0]), float(acc[0])
+    if criterion == "loss":
+        broken = loss > baseline * (1 + tolerance)
+    else:
+        broken = acc < baseline_acc - tolerance
     k = N + 1
-    curves = loss[: k * (1 + len(seeds))].view(1 + len(seeds), k)
-    prunable = _prunable(curves[0], limit)
-    random_prunable = [_prunable(c, limit) for c in curves[1:]]
+    curves = broken[: k * (1 + len(seeds))].view(1 + len(seeds), k)
+    prunable = _prunable(curves[0])
+    random_prunable = [_prunable(c) for c in curves[1:]]
     out: dict[str, Any] = {
-        "n_heads": N, "tolerance": tolerance, "baseline_loss": baseline, "baseline_accuracy": float(acc[0]),
+        "n_heads": N, "tolerance": tolerance, "criterion": criterion,
+        "baseline_loss": baseline, "baseline_accuracy": baseline_acc,
         "prunable_heads": prunable, "prunable_fraction": prunable / N,
-        "pruned_loss": float(curves[0, prunable]), "pruned_accuracy": float(acc[prunable]),
+        "pruned_loss": float(loss[prunable]), "pruned_accuracy": float(acc[prunable]),
         "random_prunable_fraction": sum(random_prunable) / len(random_prunable) / N,
     }
     start = k * (1 + len(seeds))
     for layer in range(L):
-        layer_curve = loss[start + layer * (H + 1): start + (layer + 1) * (H + 1)]
-        out[f"heads_needed_L{layer}"] = H - _prunable(layer_curve, limit)
+        out[f"heads_needed_L{layer}"] = H - _prunable(broken[start + layer * (H + 1): start + (layer + 1) * (H + 1)])
     start += L * (H + 1)
     one = loss[start: start + L * H].view(L, H)
     best = one.argmin(1)

@@ -284,7 +284,8 @@ def test_probes_run_on_a_protocol_model_without_layer_skipping():
 def test_prune_curve_shape_orders_and_ends():
     model = tiny()
     tokens = data()
-    curve = probes.prune_curve(model, tokens, order=("importance", "random"), fractions=[0, 0.3, 1], seeds=(4, 7))
+    curve = probes.prune_curve(model, tokens, order=("importance", "random"), fractions=[0, 0.3, 1], seeds=(4, 7),
+                               method="ablation")
     assert list(curve.columns) == ["order", "seed", "n_pruned", "fraction_pruned", "loss", "accuracy"]
     assert len(curve) == 3 * 3 and curve.seed.isna().sum() == 3
     assert sorted(curve.n_pruned.unique()) == [0, 2, 8]  # 0.3 * 8 heads rounds to 2
@@ -310,9 +311,11 @@ def test_prune_curve_shape_orders_and_ends():
 def test_reestimate_recomputes_importance_on_the_pruned_model():
     model = tiny(n_layers=2, seed=11)
     tokens = data(seed=2)
-    once = probes.prune_curve(model, tokens, fractions=[i / 8 for i in range(9)])
-    again = probes.prune_curve(model, tokens, fractions=[i / 8 for i in range(9)], reestimate=True)
-    # step 1 is the same greedy choice; re-estimating can only find a loss as low or lower one step later
+    fractions = [i / 8 for i in range(9)]
+    once = probes.prune_curve(model, tokens, fractions=fractions, method="ablation")
+    again = probes.prune_curve(model, tokens, fractions=fractions, method="ablation", reestimate=True)
+    # exact leave-one-out is a greedy search: step 1 is the same choice, and re-estimating on the
+    # pruned model picks the best second head given the first, so its loss is as low or lower
     assert again.loss.iloc[1] == pytest.approx(once.loss.iloc[1], abs=ATOL)
     assert again.loss.iloc[2] <= once.loss.iloc[2] + ATOL
     assert again.loss.iloc[-1] == pytest.approx(once.loss.iloc[-1], abs=ATOL)
@@ -341,6 +344,10 @@ def test_redundancy_agrees_with_its_curves():
     rand = [prunable(curve[(curve.order == "random") & (curve.seed == s)].sort_values("n_pruned").loss.tolist())
             for s in (0, 1)]
     assert red.random_prunable_fraction == pytest.approx(sum(rand) / 2 / 8)
+    by_acc = probes.redundancy(model, tokens, tolerance=0.02, seeds=(0, 1), criterion="accuracy")
+    accs = curve[curve.order == "importance"].sort_values("n_pruned").accuracy.tolist()
+    n = next((i - 1 for i, a in enumerate(accs) if a < by_acc.baseline_accuracy - 0.02), 8)
+    assert by_acc.prunable_heads == n and by_acc.criterion == "accuracy"
     for layer in range(2):
         assert 0 <= red[f"heads_needed_L{layer}"] <= 4
         best = red[f"one_head_best_L{layer}"]
