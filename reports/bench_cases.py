@@ -17,7 +17,7 @@ from torch import Tensor
 import harness.layers
 import harness.model
 from harness.model import Transformer
-from reports.bench_core import Row, Shape, interleaved_medians
+from reports.bench_core import Row, Shape, interleaved_times, medians, paired_ratio
 from reports.bench_reference import hf_gpt2_pair, naive_head_ablation
 
 
@@ -55,11 +55,12 @@ def idle_hook_row(shape: Shape, device: torch.device, rounds: int) -> Row:
                 model(tokens)
         return fn
 
-    med = interleaved_medians({"idle": run(None), "bypassed": run("bypassed"), "called": run("called")},
+    times = interleaved_times({"idle": run(None), "bypassed": run("bypassed"), "called": run("called")},
                               rounds=rounds, device=device)
-    note = f"calling every hook point instead: {med['called'] / med['bypassed'] - 1:+.1%}"
+    med = medians(times)
+    note = f"calling every hook point instead: {paired_ratio(times, 'called', 'bypassed') - 1:+.1%}"
     return Row(f"forward, idle hooks vs bypassed, {shape.label}", med["idle"], med["bypassed"], "s",
-               med["idle"] / med["bypassed"], "<=", 1.03, note)
+               paired_ratio(times, "idle", "bypassed"), "<=", 1.03, note)
 
 
 def _bytes(cache: dict) -> int:
@@ -88,12 +89,13 @@ def cache_rows(shape: Shape, device: torch.device, rounds: int, checks: dict) ->
                 model.run_with_cache(tokens, names_filter=names)
         return fn
 
-    med = interleaved_medians({"plain": fwd, "all": cached(None), "one": cached(one)}, rounds=rounds, device=device)
+    times = interleaved_times({"plain": fwd, "all": cached(None), "one": cached(one)}, rounds=rounds, device=device)
+    med = medians(times)
     return [
         Row(f"run_with_cache, every hook vs forward, {shape.label}", med["all"], med["plain"], "s",
-            med["all"] / med["plain"], "<=", 1.5, f"{len(full)} activations, {_bytes(full) / 2**20:.1f} MiB"),
+            paired_ratio(times, "all", "plain"), "<=", 1.5, f"{len(full)} activations, {_bytes(full) / 2**20:.1f} MiB"),
         Row(f"run_with_cache, names_filter one hook vs forward, {shape.label}", med["one"], med["plain"], "s",
-            med["one"] / med["plain"], "<=", 1.05),
+            paired_ratio(times, "one", "plain"), "<=", 1.05),
         Row("run_with_cache, names_filter one hook: bytes kept / bytes requested", _bytes(single), requested,
             "bytes", _bytes(single) / requested, "<=", 1.0, f"keys kept: {sorted(single)}"),
     ]
@@ -112,17 +114,18 @@ def probe_rows(shape: Shape, device: torch.device, rounds: int, checks: dict) ->
     checks["ablation_vs_naive_max_abs"] = float((torch.tensor(ours["loss_delta"].to_numpy()).view_as(naive)
                                                  - naive).abs().max())
     head_importance(model, tokens, method="gradient")  # warm-up; the two calls above warmed the others
-    med = interleaved_medians({
+    times = interleaved_times({
         "naive": lambda: naive_head_ablation(model, tokens),
         "ablation": lambda: head_importance(model, tokens, method="ablation"),
         "gradient": lambda: head_importance(model, tokens, method="gradient"),
     }, rounds=rounds, warmup=0, device=device)
+    med = medians(times)
     n = shape.n_layers * shape.n_heads
     return [
         Row(f"head ablation (batched, prefix reuse) vs {n + 1} forwards, {shape.label}", med["ablation"],
-            med["naive"], "s", med["naive"] / med["ablation"], ">=", 1.5),
+            med["naive"], "s", paired_ratio(times, "naive", "ablation"), ">=", 1.5),
         Row(f"gradient importance vs {n + 1} forwards, {shape.label}", med["gradient"], med["naive"], "s",
-            med["naive"] / med["gradient"], ">=", 5.0),
+            paired_ratio(times, "naive", "gradient"), ">=", 5.0),
     ]
 
 
@@ -143,14 +146,14 @@ def bridge_rows(shape: Shape, device: torch.device, rounds: int, checks: dict) -
                 fn(tokens)
         return run
 
-    med = interleaved_medians({"ours": call(ours), "bridge": call(bridge),
-                               "ours_cache": call(ours.run_with_cache), "bridge_cache": call(bridge.run_with_cache)},
-                              rounds=rounds, device=device)
+    times = interleaved_times({"ours": call(ours), "bridge": call(bridge), "ours_cache": call(ours.run_with_cache),
+                               "bridge_cache": call(bridge.run_with_cache)}, rounds=rounds, device=device)
+    med = medians(times)
     return [
         Row(f"forward vs HF GPT-2 in TransformerBridge, {shape.label}", med["ours"], med["bridge"], "s",
-            med["bridge"] / med["ours"], ">=", 1.0),
+            paired_ratio(times, "bridge", "ours"), ">=", 1.0),
         Row(f"run_with_cache vs HF GPT-2 in TransformerBridge, {shape.label}", med["ours_cache"],
-            med["bridge_cache"], "s", med["bridge_cache"] / med["ours_cache"], ">=", 1.0),
+            med["bridge_cache"], "s", paired_ratio(times, "bridge_cache", "ours_cache"), ">=", 1.0),
     ]
 
 

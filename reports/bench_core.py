@@ -1,7 +1,8 @@
 """What every benchmark row shares: shapes, the row record, and side-by-side timing.
 
 Contenders run interleaved in the same process, so machine noise (other processes, frequency
-changes) hits them alike, and only ratios of medians are reported: never a wall-clock threshold.
+changes) hits them alike; a row's ratio is the median over rounds of the two contenders' time
+ratio within a round (:func:`paired_ratio`), never a wall-clock threshold.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class Row:
     """One line of the table: ``ratio`` compared with ``goal`` by ``op`` (">=" or "<=").
 
     For speed rows ``ratio`` is reference time / our time (higher is better, ``op=">="``); for
-    overhead rows it is our time / reference time (``op="<="``). ``ours`` and ``reference`` are in ``unit``.
+    overhead rows it is our time / reference time (``op="<="``); either is paired by round
+    (:func:`paired_ratio`). ``ours`` and ``reference`` (medians) are in ``unit``.
     """
 
     name: str
@@ -85,24 +87,49 @@ def device_sync(device: Optional[torch.device]) -> Callable[[], None]:
     return lambda: None
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2,
-                        device: Optional[torch.device] = None) -> dict[str, float]:
-    """Median seconds per call of each function, calls interleaved round by round."""
+def interleaved_times(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2,
+                     device: Optional[torch.device] = None) -> dict[str, list[float]]:
+    """Seconds of every call of each function, ``rounds`` per function, calls interleaved round by round.
+
+    The order within a round alternates (forward, then reversed), so a contender is not always the
+    one that runs right after another (warm caches, a freshly trimmed heap).
+    """
     if not fns:
-        raise ValueError("interleaved_medians needs at least one function to time, got none")
+        raise ValueError("interleaved_times needs at least one function to time, got none")
     for name, value in (("rounds", rounds), ("warmup", warmup)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "rounds" else 0):
-            raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {1 if name == 'rounds' else 0}")
+        low = 1 if name == "rounds" else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {low}")
     sync = device_sync(device)
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     sync()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(rounds):
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
             start = time.perf_counter()
             fn()
             sync()
             times[name].append(time.perf_counter() - start)
+    return times
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2,
+                        device: Optional[torch.device] = None) -> dict[str, float]:
+    """Median seconds per call of each function, calls interleaved round by round."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(fns, rounds, warmup, device).items()}
+
+
+def paired_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over rounds of ``num``'s time / ``den``'s time in the same round.
+
+    Pairing by round cancels load that changes between rounds (a shared machine), which a ratio
+    of two medians taken over different moments does not.
+    """
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=True))
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}

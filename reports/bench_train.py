@@ -24,7 +24,7 @@ from torch import nn
 
 from harness.metrics import flops_per_token, peak_flops
 from harness.model import Transformer
-from reports.bench_core import Row, Shape, interleaved_medians
+from reports.bench_core import Row, Shape, interleaved_times, medians, paired_ratio
 from reports.bench_reference import PlainGPT
 
 # The CPU "peak" is the fp32 rate of square matmuls of this size, as harness.metrics.cpu_matmul_rate
@@ -128,9 +128,10 @@ def train_step_row(shape: Shape, device: torch.device, rounds: int, *, amp: bool
                    compile_models: bool = False) -> Row:
     """Training step of ours vs PlainGPT at ``shape``: speed ratio plain time / our time, goal >= 1."""
     _, steps = train_contenders(shape, device, amp, compile_models)
-    med = interleaved_medians(steps, rounds=rounds, device=device)
+    times = interleaved_times(steps, rounds=rounds, device=device)
+    med = medians(times)
     return Row(f"train step vs plain GPT, {shape.label}", med["ours"], med["plain"], "s/step",
-               med["plain"] / med["ours"], ">=", 1.0)
+               paired_ratio(times, "plain", "ours"), ">=", 1.0)
 
 
 def mfu_rows(shape: Shape, device: torch.device, rounds: int, *, amp: bool = False, compile_models: bool = False,
@@ -149,17 +150,21 @@ def mfu_rows(shape: Shape, device: torch.device, rounds: int, *, amp: bool = Fal
         peak = peak_flops(device, amp)
     else:
         steps["peak"], peak_work = matmul_peak_fn(step_flops, device)
-    med = interleaved_medians(steps, rounds=rounds, device=device)
-    if peak is None:
-        peak = peak_work / med["peak"]
+    times = interleaved_times(steps, rounds=rounds, device=device)
+    med = medians(times)
     achieved, achieved_plain = step_flops / med["ours"], step_flops / med["plain"]
+    if peak is None:  # CPU: MFU per round, against the peak timed in the same round
+        peak = peak_work / med["peak"]
+        mfu, mfu_plain = (paired_ratio(times, "peak", name) * step_flops / peak_work for name in ("ours", "plain"))
+    else:
+        mfu, mfu_plain = achieved / peak, achieved_plain / peak
     kind = "bf16 datasheet" if device.type == "cuda" else "fp32 matmul measured"
-    note = f"peak {kind}; plain GPT MFU {achieved_plain / peak:.1%}" if math.isfinite(peak) else \
+    note = f"peak {kind}; plain GPT MFU {mfu_plain:.1%}" if math.isfinite(peak) else \
         f"no datasheet peak for {torch.cuda.get_device_name(device)}"
     return [
         Row(f"train step vs plain GPT, {shape.label}", med["ours"], med["plain"], "s/step",
-            med["plain"] / med["ours"], ">=", 1.0),
-        Row(f"MFU of the train step, {shape.label}", achieved, peak, "FLOP/s", achieved / peak, ">=", goal, note),
+            paired_ratio(times, "plain", "ours"), ">=", 1.0),
+        Row(f"MFU of the train step, {shape.label}", achieved, peak, "FLOP/s", mfu, ">=", goal, note),
     ]
 
 

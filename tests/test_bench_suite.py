@@ -14,7 +14,7 @@ import harness.model
 from harness import ModelConfig, Transformer
 from reports.bench import COLUMNS, format_table, run_suite
 from reports.bench_cases import hook_points
-from reports.bench_core import Row, interleaved_medians
+from reports.bench_core import Row, interleaved_medians, interleaved_times, paired_ratio
 from reports.bench_reference import PlainGPT, naive_head_ablation
 from reports.bench_train import HookAwareCompiled, compiled_hook_check
 
@@ -85,6 +85,15 @@ def test_interleaved_medians_refuses_bad_rounds():
         interleaved_medians({"f": lambda: None}, rounds=0)
     with pytest.raises(ValueError, match="at least one"):
         interleaved_medians({}, rounds=1)
+
+
+def test_interleaving_alternates_order_and_pairs_rounds():
+    calls = []
+    times = interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then rounds in alternating order
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    # Per-round ratios 2, 2, 100 (one disturbed round): the median ignores the outlier.
+    assert paired_ratio({"x": [2.0, 4.0, 100.0], "y": [1.0, 2.0, 1.0]}, "x", "y") == 2.0
 
 
 def _tiny() -> Transformer:
