@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -39,6 +39,7 @@ class ModelInfo:
     device: torch.device
     takes_attention_mask: bool
     prefix_reuse: bool  # forward(..., stop_at_layer=, start_at_layer=) skips the layers before the start
+    hook_points: dict = field(default_factory=dict, compare=False, repr=False)  # name -> HookPoint
 
 
 def _is_bridge(model: Any) -> bool:
@@ -84,6 +85,7 @@ def model_info(model: Any, *, need_pattern: bool = False) -> ModelInfo:
         causal=attention_dir != "bidirectional", device=device,
         takes_attention_mask="attention_mask" in params,
         prefix_reuse="start_at_layer" in params and "stop_at_layer" in params and not _is_bridge(model),
+        hook_points={name: hook_dict[name] for name in needed},
     )
 
 

@@ -56,7 +56,12 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 def run(model: Any, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
         start: Optional[int] = None, stop: Optional[int] = None) -> Tensor:
-    """One forward pass through the model protocol with temporary forward hooks."""
+    """One forward pass through the model protocol with temporary forward hooks.
+
+    Hooks go straight onto the HookPoints (TransformerLens's ``HookPoint.add_hook``) and exactly
+    those are removed afterwards, even on error: ``model.hooks()`` would also sweep every hook
+    point of the model on exit, a cost that dominates small passes.
+    """
     kwargs: dict = {}
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
@@ -64,8 +69,16 @@ def run(model: Any, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor]
         kwargs["start_at_layer"] = start
     if stop is not None:
         kwargs["stop_at_layer"] = stop
-    with model.hooks(fwd_hooks=hooks):
+    added = []
+    try:
+        for name, fn in hooks:
+            point = info.hook_points[name]
+            added.append((point, point.add_hook(fn, dir="fwd")))
         return model(x, **kwargs)
+    finally:
+        for point, handle in added:
+            handle.hook.remove()
+            point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
 
 
 def gate_fn(layer_masks: Tensor, replacement: Optional[Tensor] = None) -> Callable:

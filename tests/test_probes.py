@@ -364,5 +364,5 @@ def test_probes_leave_no_hooks_and_restore_training_mode():
     probes.head_importance(model, tokens, method="gradient")
     probes.head_roles(model, tokens)
     assert model.training and all(m.training for m in model.modules())
-    assert all(not hp._forward_hooks and not hp._backward_hooks for hp in model.hook_dict.values())
+    assert all(not hp._forward_hooks and not hp._backward_hooks and not hp.fwd_hooks for hp in model.hook_dict.values())
     assert all(p.grad is None for p in model.parameters())  # gradient importance touched no weight gradient

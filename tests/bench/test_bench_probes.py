@@ -25,7 +25,7 @@ from tests.bench.common import FULL, interleaved_medians, report
 pytestmark = pytest.mark.bench
 
 N_SEQ, POS = (64, 128) if FULL else (16, 64)
-ROUNDS = 3 if FULL else 2
+ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
