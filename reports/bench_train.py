@@ -158,7 +158,7 @@ def mfu_rows(shape: Shape, device: torch.device, rounds: int, *, amp: bool = Fal
         mfu, mfu_plain = (paired_ratio(times, "peak", name) * step_flops / peak_work for name in ("ours", "plain"))
     else:
         mfu, mfu_plain = achieved / peak, achieved_plain / peak
-    kind = "bf16 datasheet" if device.type == "cuda" else "fp32 matmul measured"
+    kind = ("bf16" if amp else "tf32") + " datasheet" if device.type == "cuda" else "fp32 matmul measured"
     note = f"peak {kind}; plain GPT MFU {mfu_plain:.1%}" if math.isfinite(peak) else \
         f"no datasheet peak for {torch.cuda.get_device_name(device)}"
     return [
