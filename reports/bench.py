@@ -18,6 +18,7 @@ Rows (the Performance issue):
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Union
@@ -106,7 +107,7 @@ def run_suite(mode: str = "short", device: Union[None, str, torch.device] = None
         raise ValueError(f"mode={mode!r} is invalid: expected one of {list(MODES)}")
     dev = _device(device)
     plan = plan_for(mode, dev)
-    start = time.perf_counter()
+    start, load_before = time.perf_counter(), _load()
     checks: dict = {}
     rows: list[Row] = []
     precision = torch.get_float32_matmul_precision()
@@ -128,8 +129,13 @@ def run_suite(mode: str = "short", device: Union[None, str, torch.device] = None
     frame = pd.DataFrame([r.record() for r in rows], columns=COLUMNS)
     frame.attrs.update(mode=mode, device=str(dev), device_name=_device_name(dev), threads=torch.get_num_threads(),
                        torch=torch.__version__, amp=plan.amp, compile=plan.compile, checks=checks,
-                       seconds=time.perf_counter() - start)
+                       seconds=time.perf_counter() - start, load=(load_before, _load()))
     return frame
+
+
+def _load() -> float:
+    """The 1-minute load average: above the core count, other processes share the timed cores."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
 
 
 def _device_name(dev: torch.device) -> str:
@@ -166,7 +172,8 @@ def format_table(df: pd.DataFrame) -> str:
     a = df.attrs
     if a:
         lines.insert(0, f"attnlab bench: mode={a.get('mode')} device={a.get('device_name')} amp={a.get('amp')} "
-                        f"compile={a.get('compile')} torch={a.get('torch')} ({a.get('seconds', math.nan):.0f} s)")
+                        f"compile={a.get('compile')} torch={a.get('torch')} ({a.get('seconds', math.nan):.0f} s, "
+                        "load average {:.1f} -> {:.1f})".format(*a.get("load", (math.nan, math.nan))))
     notes = [f"  {r['name']}: {r['note']}" for _, r in df.iterrows() if r["note"]]
     if notes:
         lines += ["notes:", *notes]
