@@ -174,6 +174,11 @@ def format_table(df: pd.DataFrame) -> str:
         lines.insert(0, f"attnlab bench: mode={a.get('mode')} device={a.get('device_name')} amp={a.get('amp')} "
                         f"compile={a.get('compile')} torch={a.get('torch')} ({a.get('seconds', math.nan):.0f} s, "
                         "load average {:.1f} -> {:.1f})".format(*a.get("load", (math.nan, math.nan))))
+    before = a.get("load", (math.nan,))[0]  # the load after includes this run's own threads
+    cores = os.cpu_count() or 1
+    if a.get("device", "cpu") == "cpu" and before > 0.5 * cores:
+        lines.append(f"warning: load average {before:.1f} on {cores} cores before the run: other processes shared "
+                     "the timed cores, so ratios near their goal may be noise; re-run on a quiet machine")
     notes = [f"  {r['name']}: {r['note']}" for _, r in df.iterrows() if r["note"]]
     if notes:
         lines += ["notes:", *notes]

@@ -75,6 +75,15 @@ def test_cuda_without_cuda_is_refused():
         run_suite("smoke", device="cuda")
 
 
+def test_format_table_warns_when_the_machine_was_busy(smoke):
+    busy = smoke.copy()
+    busy.attrs = dict(smoke.attrs, load=(100.0, 100.0))
+    assert "warning: load average 100.0" in format_table(busy)
+    quiet = smoke.copy()
+    quiet.attrs = dict(smoke.attrs, load=(0.0, 2.0))
+    assert "warning" not in format_table(quiet)
+
+
 def test_format_table_refuses_other_frames():
     with pytest.raises(ValueError, match="run_suite"):
         format_table(pd.DataFrame({"x": [1]}))
