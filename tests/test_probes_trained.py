@@ -23,8 +23,19 @@ TRAIN = TrainConfig(task="induction", seq_len=64, batch_size=32, steps=500, lr=3
                     weight_decay=1.0, eval_every=500, log_every=50, checkpoint_every=None, seed=0)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread for this module: a model this small gains nothing from two, a thread count
+    fixes the float summation order (so the trained weights are the same on every machine), and a
+    busy machine cannot stall spinning worker threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, one_thread):
     run_dir = tmp_path_factory.mktemp("induction_run")
     metrics = harness.train(MODEL, TRAIN, run_dir, progress=False)
     accuracy = float(metrics.val_accuracy.dropna().iloc[-1])
