@@ -22,14 +22,7 @@ CFG = TrainConfig(seq_len=16, batch_size=8, steps=12, warmup=3, eval_every=4, lo
 EXACT = ["step", "lr", "train_loss", "val_loss", "val_accuracy", "grad_norm"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread, and the same thread count for every run a test compares
-    (matmuls split their sums by thread, so the thread count changes the last bits)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def weights(run_dir):

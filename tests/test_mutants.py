@@ -9,7 +9,6 @@ ci profile's 25 examples: ``python -m tests.mutants.kill_matrix``.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from properties import PROPERTIES, check_model
 from tests.mutants.base import RefModel
@@ -18,13 +17,7 @@ from tests.mutants.catalogue import MUTANTS
 MAX_EXAMPLES = 10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # thousands of tiny ops: intra-op threads only add synchronization (and thrash a shared box)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)

@@ -16,22 +16,11 @@ import probes
 from harness import ModelConfig, TrainConfig
 from harness.tasks import make_task
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 MODEL = ModelConfig(n_layers=2, d_model=64, n_heads=8, attn_only=True, d_vocab=64, n_ctx=64)
 TRAIN = TrainConfig(task="induction", seq_len=64, batch_size=32, steps=500, lr=3e-3, warmup=50,
                     weight_decay=1.0, eval_every=500, log_every=50, checkpoint_every=None, seed=0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for this module: a model this small gains nothing from two, a thread count
-    fixes the float summation order (so the trained weights are the same on every machine), and a
-    busy machine cannot stall spinning worker threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,7 @@ from tests.mutants.catalogue import MUTANTS
 FAST = 6  # examples per search in these fast tests; the ci profile's 25 run in nox -s properties
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # thousands of tiny ops: intra-op threads only add synchronization (and thrash a shared box)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small(**kw) -> Transformer:

@@ -22,13 +22,7 @@ NO_SPECIAL = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 FAST = 8  # examples per search here; nox -s properties runs the ci profile's 25
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # thousands of tiny ops: intra-op threads only add synchronization (and thrash a shared box)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def gpt2() -> GPT2LMHeadModel:

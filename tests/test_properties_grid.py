@@ -14,7 +14,6 @@ import itertools
 import time
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 
 from harness import ModelConfig, Transformer
@@ -23,19 +22,10 @@ from properties.strategies import model_configs
 from tests.mutants.catalogue import MUTANTS
 from tests.mutants.kill_matrix import kill_matrix, to_markdown
 
-pytestmark = pytest.mark.properties
+pytestmark = [pytest.mark.properties, pytest.mark.usefixtures("one_thread")]
 
 GRID = list(itertools.product(("none", "standard", "sinusoidal", "rotary", "alibi"), ("causal", "bidirectional"),
                               ("LN", "RMS"), ("pre", "post")))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # thousands of tiny ops: intra-op threads only add synchronization (and thrash a shared box)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def false_alarms(frame):

@@ -42,12 +42,7 @@ ARGS = ["--n-layers", "1", "--d-model", "32", "--n-heads", "2", "--d-vocab", "16
         "--no-progress"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def invoke(args: list[str]):

@@ -13,14 +13,7 @@ import torch
 
 from properties.saturation import COLUMNS, loglog_slope, saturation_sweep, softmax_jacobian_norm
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # thousands of tiny ops: intra-op threads only add synchronization (and thrash a shared box)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

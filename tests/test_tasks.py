@@ -8,14 +8,7 @@ import torch
 from harness.tasks import TASKS, accuracy, make_task, shifted
 from harness.text_corpus import collect_files, split_files
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Batches are small: one thread avoids oversubscribing the cores other work shares."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def gen(seed=0):

@@ -20,13 +20,7 @@ TINY_TRAIN = TrainConfig(seq_len=16, batch_size=8, steps=6, warmup=2, eval_every
                          eval_batches=1, checkpoint_every=None)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The models are tiny: one thread is fastest and avoids oversubscribing shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- TrainConfig ------------------------------------------------------------------------------
