@@ -135,7 +135,7 @@ def train_step_row(shape: Shape, device: torch.device, rounds: int, *, amp: bool
 
 
 def mfu_rows(shape: Shape, device: torch.device, rounds: int, *, amp: bool = False, compile_models: bool = False,
-             goal: float = 0.75) -> list[Row]:
+             goal: float = 0.75, warmup: int = 1) -> list[Row]:
     """Training-step speed vs PlainGPT and MFU at ``shape``, measured in one interleaved run.
 
     MFU (Chowdhery et al. 2022, PaLM, App. B) = FLOPs per token (6N + 12·L·d·T, Kaplan et al. 2020
@@ -150,7 +150,7 @@ def mfu_rows(shape: Shape, device: torch.device, rounds: int, *, amp: bool = Fal
         peak = peak_flops(device, amp)
     else:
         steps["peak"], peak_work = matmul_peak_fn(step_flops, device)
-    times = interleaved_times(steps, rounds=rounds, device=device)
+    times = interleaved_times(steps, rounds=rounds, warmup=warmup, device=device)
     med = medians(times)
     achieved, achieved_plain = step_flops / med["ours"], step_flops / med["plain"]
     if peak is None:  # CPU: MFU per round, against the peak timed in the same round
