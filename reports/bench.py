@@ -13,6 +13,13 @@ Rows (the Performance issue):
 
 ``run_suite(mode)``: ``"full"`` for people, ``"short"`` for CI (smaller batches, fewer rounds),
 ``"smoke"`` for tests (tiny shapes, one round: checks that every row runs, figures meaningless).
+``python -m reports.bench [mode] [device]`` prints the table.
+
+CPU figures and the allocator: glibc returns large freed blocks to the system and faults them in
+again on the next step, which on a virtual machine can cost more than the arithmetic and differs
+between two models by allocation order alone. For figures that measure the computation, run with
+``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296`` (or jemalloc/tcmalloc,
+as PyTorch's CPU performance guide suggests); the default is kept because it is what users get.
 """
 
 from __future__ import annotations
