@@ -1,14 +1,8 @@
-"""attnlab's model and everything needed to build it: config, positions, Transformer, conversion."""
+"""attnlab's model and its training: config, positions, Transformer, conversion, tasks, the training
+loop, checkpoints, and the adapters that put other models behind the model protocol."""
 
-from harness.config import ModelConfig
-from harness.model import KVCache, Transformer
+from harness.model import KVCache, ModelConfig, Transformer
+from harness.train import TrainConfig, TrainingDiverged, demo_configs, load_run, tasks, train
 
-__all__ = ["ModelConfig", "Transformer", "KVCache"]
-
-from harness import tasks  # noqa: E402
-from harness.checkpoint import load_run  # noqa: E402
-from harness.demo import demo_configs  # noqa: E402
-from harness.train import TrainingDiverged, train  # noqa: E402
-from harness.train_config import TrainConfig  # noqa: E402
-
-__all__ += ["TrainConfig", "train", "load_run", "demo_configs", "tasks", "TrainingDiverged"]
+__all__ = ["ModelConfig", "Transformer", "KVCache", "TrainConfig", "train", "load_run", "demo_configs",
+           "tasks", "TrainingDiverged"]

@@ -11,7 +11,8 @@ Llama models go through TransformerLens's ``TransformerBridge`` and :class:`Brid
     >>> properties.check_model(properties.BridgeAdapter.from_hf(hf_model))   # doctest: +SKIP
 """
 
-from properties.bridge import BridgeAdapter, ProtocolConfig
+from harness.adapters.bridge import BridgeAdapter, ProtocolConfig
+from harness.adapters.protocol import check_protocol, required_hooks
 from properties.checks import (
     attention_scale,
     batch_independence,
@@ -28,7 +29,6 @@ from properties.checks import (
     sinusoidal_formula,
     sinusoidal_shift,
 )
-from properties.protocol import check_protocol, required_hooks
 from properties.saturation import loglog_slope, saturation_sweep
 from properties.search import PropertyResult
 from properties.suite import PROPERTIES, check_model

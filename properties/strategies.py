@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from harness.config import ModelConfig
+from harness.model.config import ModelConfig
 
 PROFILES = {
     "ci": dict(derandomize=True, max_examples=25, deadline=None, print_blob=True,
@@ -74,7 +74,7 @@ def model_configs(*, positional_types=("none", "standard", "sinusoidal", "rotary
     and no variants. With ``variants`` it also draws grouped-query attention, gated MLPs,
     attention-only blocks, ``use_attn_result``, tied embeddings and bias-free layers.
     """
-    from harness.config import ATTENTION_DIRS, NORM_PLACEMENTS, NORMALIZATION_TYPES, POSITIONAL_TYPES
+    from harness.model.config import ATTENTION_DIRS, NORM_PLACEMENTS, NORMALIZATION_TYPES, POSITIONAL_TYPES
 
     positional_types = _check_subset("positional_types", positional_types, POSITIONAL_TYPES)
     attention_dirs = _check_subset("attention_dirs", attention_dirs, ATTENTION_DIRS)

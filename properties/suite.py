@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from harness.adapters.protocol import check_protocol
 from properties.checks import (
     attention_scale,
     batch_independence,
@@ -21,7 +22,6 @@ from properties.checks import (
     rotary_norm,
     sinusoidal_shift,
 )
-from properties.protocol import check_protocol
 from properties.search import PropertyResult, check_search_args
 
 # Model-level properties in report order. The component-level formulas (rotary_formula,

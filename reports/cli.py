@@ -43,7 +43,7 @@ class CliError(click.ClickException):
 def _user_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [ValueError, TypeError, OSError]
     try:  # a diverged run is the user's learning rate, not a bug
-        from harness.train import TrainingDiverged
+        from harness.train.loop import TrainingDiverged
 
         errors.append(TrainingDiverged)
     except ImportError:
@@ -275,7 +275,7 @@ def demo(out_dir: str, overwrite: bool, check_examples: int, sequences: int, d_h
 def bench(full: bool, device: str) -> None:
     """Print the side-by-side benchmark table (ratios measured in one run) for this machine."""
     try:
-        from reports.bench import format_table, run_suite
+        from reports.bench.suite import format_table, run_suite
     except ImportError as exc:
         raise CliError(f"error: the benchmark suite is not available in this install ({exc})") from None
     click.echo(format_table(run_suite(BENCH_MODES[full], None if device == "auto" else device)))

@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from harness.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORM_PLACEMENTS, POSITIONAL_TYPES
-from harness.tasks import TASKS
-from harness.train_config import DEVICES, OPTIMIZERS, SCHEDULES
+from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORM_PLACEMENTS, POSITIONAL_TYPES
+from harness.train.config import DEVICES, OPTIMIZERS, SCHEDULES
+from harness.train.tasks import TASKS
 
 BENCH_MODES = {False: "short", True: "full"}
 

@@ -72,7 +72,7 @@ def train(model_cfg: Any, train_cfg: Any, run_dir: str | os.PathLike, *, resume:
 
 def _load(run_dir: str | os.PathLike):
     import harness
-    from harness.checkpoint import prepare_run_dir, read_configs
+    from harness.train.checkpoint import prepare_run_dir, read_configs
 
     path = rundata.require_run_dir(run_dir)
     model_cfg, train_cfg = read_configs(path)
@@ -109,7 +109,7 @@ def probe_data(model_cfg: Any, train_cfg: Any, sequences: int = PROBE_SEQUENCES)
     """A fixed validation batch of the run's own task: ``(tokens, loss_mask)``."""
     import torch
 
-    from harness.tasks import make_task
+    from harness.train.tasks import make_task
 
     task = make_task(train_cfg.task, model_cfg.d_vocab, model_cfg.n_ctx, train_cfg.seq_len, train_cfg.task_options)
     return task.batch(sequences, torch.Generator().manual_seed(PROBE_DATA_SEED), "val")

@@ -145,7 +145,7 @@ def load(run_dir: Any) -> RunData:
     import torch
 
     from harness import Transformer
-    from harness.checkpoint import read_configs
+    from harness.train.checkpoint import read_configs
 
     path = require_run_dir(run_dir)
     model_cfg, train_cfg = read_configs(path)

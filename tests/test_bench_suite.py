@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 import torch
 
-import harness.layers
-import harness.model
+import harness.model.layers
+import harness.model.transformer
 from harness import ModelConfig, Transformer
-from reports.bench import COLUMNS, format_table, run_suite
-from reports.bench_cases import hook_points
-from reports.bench_core import Row, interleaved_medians, interleaved_times, paired_ratio
-from reports.bench_reference import PlainGPT, naive_head_ablation
-from reports.bench_train import HookAwareCompiled, compiled_hook_check
+from reports.bench.cases import hook_points
+from reports.bench.core import Row, interleaved_medians, interleaved_times, paired_ratio
+from reports.bench.reference import PlainGPT, naive_head_ablation
+from reports.bench.suite import COLUMNS, format_table, run_suite
+from reports.bench.train import HookAwareCompiled, compiled_hook_check
 
 ROW_FAMILIES = ("train step vs plain GPT", "MFU of the train step", "idle hooks vs bypassed",
                 "every hook vs forward", "names_filter one hook vs forward", "bytes kept / bytes requested",
@@ -111,7 +111,7 @@ def _tiny() -> Transformer:
 
 def test_hook_points_bypass_is_the_same_function_and_restores():
     model, tokens = _tiny(), torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
-    saved = harness.layers.hook, harness.layers.active, harness.model.hook
+    saved = harness.model.layers.hook, harness.model.layers.active, harness.model.transformer.hook
     with torch.no_grad():
         ref = model(tokens)
         for mode in ("bypassed", "called"):
@@ -119,7 +119,7 @@ def test_hook_points_bypass_is_the_same_function_and_restores():
                 torch.testing.assert_close(model(tokens), ref, rtol=0, atol=0)  # the same ops, bit for bit
         with pytest.raises(RuntimeError), hook_points("bypassed"):
             raise RuntimeError("restored even when the body raises")
-    assert (harness.layers.hook, harness.layers.active, harness.model.hook) == saved
+    assert (harness.model.layers.hook, harness.model.layers.active, harness.model.transformer.hook) == saved
     with pytest.raises(ValueError, match="mode"), hook_points("off"):
         pass
 

@@ -59,7 +59,7 @@ def test_top_level_help_lists_commands_in_session_order():
 
 def test_every_config_field_has_exactly_one_option():
     from harness import ModelConfig
-    from harness.train_config import TrainConfig
+    from harness.train.config import TrainConfig
 
     for fields, cls in ((options.MODEL_FIELDS, ModelConfig), (options.TRAIN_FIELDS, TrainConfig)):
         mapped = [f for _, f, _, _ in fields]
@@ -271,7 +271,7 @@ def test_unexpected_error_is_one_line_exit_1(monkeypatch, tmp_path):
 
 
 def test_bench_calls_the_suite(monkeypatch):
-    bench = pytest.importorskip("reports.bench", reason="reports/bench.py (the benchmark suite) has not landed")
+    bench = pytest.importorskip("reports.bench.suite", reason="reports/bench.py (the benchmark suite) has not landed")
     calls = []
     monkeypatch.setattr(bench, "run_suite", lambda mode, device: calls.append((mode, device)) or pd.DataFrame())
     monkeypatch.setattr(bench, "format_table", lambda df: "TABLE")

@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import ModelConfig, TrainConfig, load_run, train
-from harness.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
-from harness.tasks import TASKS, make_task
-from harness.train_config import DEVICES, OPTIMIZERS, SCHEDULES
+from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
+from harness.train.config import DEVICES, OPTIMIZERS, SCHEDULES
+from harness.train.tasks import TASKS, make_task
 from tests.fuzz_helpers import (
     NAN,
     api_error,

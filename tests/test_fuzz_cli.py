@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import ModelConfig, TrainConfig, train
-from harness.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
-from harness.tasks import TASKS
-from harness.train_config import OPTIMIZERS, SCHEDULES
+from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
+from harness.train.config import OPTIMIZERS, SCHEDULES
+from harness.train.tasks import TASKS
 from reports.cli import cli
 from tests.fuzz_helpers import cli_error, fuzz_settings, install_summary, snapshot
 

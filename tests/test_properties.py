@@ -17,7 +17,7 @@ from transformer_lens.hook_points import HookPoint
 
 import properties
 from harness import ModelConfig, Transformer
-from harness import positions as P
+from harness.model import positions as P
 from properties import check_model, check_protocol
 from tests.mutants.base import RefConfig, RefModel
 from tests.mutants.catalogue import MUTANTS

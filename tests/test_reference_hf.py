@@ -1,4 +1,4 @@
-"""harness.convert.from_hf against Hugging Face GPT-2 and Llama, the independent reference.
+"""harness.model.convert.from_hf against Hugging Face GPT-2 and Llama, the independent reference.
 
 Small random HF models are built from configs in memory (no network). Weights are drawn with
 a large init range and every 1-D parameter (norm gains, biases) is perturbed away from its
@@ -26,7 +26,7 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
 )
 
-from harness.convert import SUPPORTED, from_hf  # noqa: E402
+from harness.model.convert import SUPPORTED, from_hf  # noqa: E402
 
 ATOL, RTOL = 1e-4, 0.0  # see the module docstring
 VOCAB, SEQ = 100, 12

@@ -1,12 +1,12 @@
-"""harness.tasks: every task's batches checked against an independent recomputation in plain Python."""
+"""harness.train.tasks: every task's batches checked against an independent recomputation in plain Python."""
 
 import math
 
 import pytest
 import torch
 
-from harness.tasks import TASKS, accuracy, make_task, shifted
-from harness.text_corpus import collect_files, split_files
+from harness.train.tasks import TASKS, accuracy, make_task, shifted
+from harness.train.text_corpus import collect_files, split_files
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

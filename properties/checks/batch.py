@@ -6,8 +6,8 @@ between the batched run and each row run alone (``_common.LOGIT_RTOL``).
 
 from __future__ import annotations
 
+from harness.adapters.protocol import check_protocol, run
 from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
-from properties.protocol import check_protocol, run
 from properties.search import PropertyResult, search
 from properties.strategies import token_batches
 

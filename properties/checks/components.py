@@ -3,7 +3,7 @@
 - ``rotary_formula``: for RoPE R_m (Su et al. 2021 eq. 16), <R_m q, R_n k> depends only on m - n,
   i.e. equals <R_{m+s} q, R_{n+s} k> for every shift s. Hypothesis draws d_head, q, k, m, n, s.
 - ``sinusoidal_formula``: Vaswani et al. 2017 §3.5: PE(pos + k) = R(k) · PE(pos) with R(k) the
-  block rotation of :func:`harness.positions.sinusoidal_shift_matrix`.
+  block rotation of :func:`harness.model.positions.sinusoidal_shift_matrix`.
 
 Both run in float64 so they test the formula, not float32 rounding: tolerance 1e-9 of the
 scale (angles up to 4096 rad carry ~1e-12 absolute error in float64).
@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from hypothesis import strategies as st
 
-from harness import positions
+from harness.model import positions
 from properties.checks._common import fmt
 from properties.search import PropertyResult, search
 
@@ -78,7 +78,7 @@ def sinusoidal_formula(table: Optional[Callable[[torch.Tensor, int], torch.Tenso
                        seed: int = 0, max_examples: Optional[int] = None) -> PropertyResult:
     """PE(pos + k) == R(k) @ PE(pos) for ``table(positions, d_model)`` and ``shift_matrix(k, d_model)``.
 
-    Defaults: ``harness.positions.sinusoidal_table`` (in float64) and ``sinusoidal_shift_matrix``.
+    Defaults: ``harness.model.positions.sinusoidal_table`` (in float64) and ``sinusoidal_shift_matrix``.
     """
     table = table or (lambda pos, d: positions.sinusoidal_table(pos, d, dtype=torch.float64))
     shift_matrix = shift_matrix or positions.sinusoidal_shift_matrix

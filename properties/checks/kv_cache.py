@@ -15,8 +15,8 @@ import inspect
 import torch
 from hypothesis import strategies as st
 
+from harness.adapters.protocol import check_protocol, model_device, run
 from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
-from properties.protocol import check_protocol, model_device, run
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches, token_batches
 

@@ -9,8 +9,8 @@ token's position counts only the real tokens before it, so left padding moves no
 
 from __future__ import annotations
 
+from harness.adapters.protocol import check_protocol, run
 from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
-from properties.protocol import check_protocol, run
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from harness.adapters.protocol import check_protocol, run
 from properties.checks._common import fmt, max_len
-from properties.protocol import check_protocol, run
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches, token_batches
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from harness.adapters.protocol import check_protocol, run
 from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
-from properties.protocol import check_protocol, run
 from properties.search import PropertyResult, search
 from properties.strategies import position_offsets, token_batches
 

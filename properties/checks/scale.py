@@ -18,8 +18,8 @@ import math
 import torch
 from hypothesis import strategies as st
 
+from harness.adapters.protocol import all_heads, check_protocol, run
 from properties.checks._common import fmt, max_len
-from properties.protocol import all_heads, check_protocol, run
 from properties.search import PropertyResult, search
 from properties.strategies import position_offsets, token_batches
 

@@ -1,11 +1,11 @@
-"""Shared by the benchmark tests: the mode, the side-by-side timer (from :mod:`reports.bench_core`,
+"""Shared by the benchmark tests: the mode, the side-by-side timer (from :mod:`reports.bench.core`,
 so ``attnlab bench`` and these tests time alike) and how a figure is recorded."""
 
 from __future__ import annotations
 
 import os
 
-from reports.bench_core import interleaved_medians
+from reports.bench.core import interleaved_medians
 
 FULL = os.environ.get("ATTNLAB_BENCH", "short") == "full"
 

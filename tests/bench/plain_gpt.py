@@ -1,5 +1,5 @@
 """The plain minimal GPT now lives in the package (``attnlab bench`` uses it); kept importable here."""
 
-from reports.bench_reference import PlainBlock, PlainGPT
+from reports.bench.reference import PlainBlock, PlainGPT
 
 __all__ = ["PlainBlock", "PlainGPT"]

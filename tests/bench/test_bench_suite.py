@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from reports.bench import format_table, run_suite
+from reports.bench.suite import format_table, run_suite
 from tests.bench.common import FULL
 
 pytestmark = pytest.mark.bench

@@ -4,8 +4,8 @@ at the Foundation issue's shape (L4 d256 T128 B16 V512)."""
 import pytest
 import torch
 
-from reports.bench_core import Shape
-from reports.bench_train import train_contenders, train_step_row
+from reports.bench.core import Shape
+from reports.bench.train import train_contenders, train_step_row
 from tests.bench.common import FULL, report
 
 pytestmark = pytest.mark.bench

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.config import ModelConfig
-from harness.train_config import TrainConfig
+from harness.model.config import ModelConfig
+from harness.train.config import TrainConfig
 
 
 def demo_configs() -> tuple[ModelConfig, TrainConfig]:

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from harness.config import _check_bool, _check_choice, _check_float, _check_int, _check_seed, _fail, _JSONMixin
-from harness.tasks import check_options
+from harness.model.config import _check_bool, _check_choice, _check_float, _check_int, _check_seed, _fail, _JSONMixin
+from harness.train.tasks import check_options
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "noam", "warmup_cosine", "warmup_linear")
@@ -27,7 +27,7 @@ RESUMABLE_CHANGES = ("steps", "log_every", "eval_every", "checkpoint_every", "de
 class TrainConfig(_JSONMixin):
     """A training run: task, optimizer, schedule, evaluation, checkpoints.
 
-    ``seq_len=None`` takes the task's natural length (see :mod:`harness.tasks`).
+    ``seq_len=None`` takes the task's natural length (see :mod:`harness.train.tasks`).
     ``batch_size`` is the global batch; under DDP each process takes an equal share.
     ``lr`` is the peak learning rate; for ``noam`` it multiplies Vaswani et al.'s formula
     (``lr=1`` is the paper's schedule). ``warmup`` is in optimizer steps.

@@ -33,9 +33,9 @@ from typing import Union
 import pandas as pd
 import torch
 
-from reports.bench_cases import bridge_rows, cache_rows, idle_hook_row, probe_rows
-from reports.bench_core import Row, Shape
-from reports.bench_train import compiled_hook_check, mfu_rows, train_step_row
+from reports.bench.cases import bridge_rows, cache_rows, idle_hook_row, probe_rows
+from reports.bench.core import Row, Shape
+from reports.bench.train import compiled_hook_check, mfu_rows, train_step_row
 
 MODES = ("smoke", "short", "full")
 COLUMNS = ["name", "ours", "reference", "unit", "ratio", "goal", "met", "note"]
@@ -197,9 +197,3 @@ def format_table(df: pd.DataFrame) -> str:
         lines.append("checks: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                             for k, v in a["checks"].items()))
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # python -m reports.bench [smoke|short|full] [cpu|cuda]: the one-shot device script
-    import sys
-
-    print(format_table(run_suite(*(sys.argv[1:3] or ["short"]))))

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import harness.layers
-import harness.model
-from harness.model import Transformer
-from reports.bench_core import Row, Shape, interleaved_times, medians, paired_ratio
-from reports.bench_reference import hf_gpt2_pair, naive_head_ablation
+import harness.model.layers
+import harness.model.transformer
+from harness.model.transformer import Transformer
+from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
+from reports.bench.reference import hf_gpt2_pair, naive_head_ablation
 
 
 @contextlib.contextmanager
@@ -29,19 +29,20 @@ def hook_points(mode: str) -> Iterator[None]:
     """
     if mode not in ("bypassed", "called"):
         raise ValueError(f"hook_points mode={mode!r} is invalid: expected 'bypassed' or 'called'")
-    for module, name in ((harness.layers, "hook"), (harness.layers, "active"), (harness.model, "hook")):
+    layers, transformer = harness.model.layers, harness.model.transformer
+    for module, name in ((layers, "hook"), (layers, "active"), (transformer, "hook")):
         if not callable(getattr(module, name, None)):
             raise RuntimeError(f"{module.__name__}.{name} is gone: the hook benchmark needs updating")
-    saved = harness.layers.hook, harness.layers.active, harness.model.hook
+    saved = harness.model.layers.hook, harness.model.layers.active, harness.model.transformer.hook
     if mode == "bypassed":
-        harness.layers.hook = harness.model.hook = lambda hp, x: x
-        harness.layers.active = lambda hp: False
+        harness.model.layers.hook = harness.model.transformer.hook = lambda hp, x: x
+        harness.model.layers.active = lambda hp: False
     else:
-        harness.layers.hook = harness.model.hook = lambda hp, x: hp(x)
+        harness.model.layers.hook = harness.model.transformer.hook = lambda hp, x: hp(x)
     try:
         yield
     finally:
-        harness.layers.hook, harness.layers.active, harness.model.hook = saved
+        harness.model.layers.hook, harness.model.layers.active, harness.model.transformer.hook = saved
 
 
 def idle_hook_row(shape: Shape, device: torch.device, rounds: int) -> Row:

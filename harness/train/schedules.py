@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from harness.train_config import TrainConfig
+from harness.train.config import TrainConfig
 
 
 def lr_at(step: int, cfg: TrainConfig, d_model: Optional[int] = None) -> float:

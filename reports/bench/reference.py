@@ -90,14 +90,14 @@ def naive_head_ablation(model: Any, tokens: Tensor) -> Tensor:
 def hf_gpt2_pair(n_layers: int, d_model: int, n_heads: int, n_ctx: int, d_vocab: int,
                  seed: int = 0) -> tuple[nn.Module, nn.Module]:
     """``(ours, bridge)``: a random Hugging Face GPT-2 in a ``TransformerBridge`` (compatibility mode)
-    and our :class:`harness.Transformer` with the same weights (:func:`harness.convert.from_hf`).
+    and our :class:`harness.Transformer` with the same weights (:func:`harness.model.convert.from_hf`).
 
     Built in memory from a config: nothing is downloaded. Dropout is 0, both are in eval mode.
     """
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from harness.convert import from_hf
+    from harness.model.convert import from_hf
 
     config = GPT2Config(n_layer=n_layers, n_embd=d_model, n_head=n_heads, n_positions=n_ctx, vocab_size=d_vocab,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)

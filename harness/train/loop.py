@@ -3,7 +3,7 @@
 One step: draw the global batch from the task's seeded generator, keep this rank's slice,
 compute the (label-smoothed) loss on the masked targets, backpropagate, clip, update with
 the lr of this step (:func:`harness.schedules.lr_at`). Rows go to ``run_dir/metrics.csv``
-as training goes; checkpoints (:mod:`harness.checkpoint`) hold everything a step depends
+as training goes; checkpoints (:mod:`harness.train.checkpoint`) hold everything a step depends
 on, so a stopped and resumed run repeats a straight run's numbers exactly on CPU (with the
 same torch thread count: a matmul splits its sums by thread, which moves the last bits).
 """
@@ -25,15 +25,16 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from harness import checkpoint as ckpt
-from harness import distributed
-from harness.config import ModelConfig
-from harness.metrics import MetricsLog, flops_per_token, new_row, peak_flops
-from harness.model import Transformer
-from harness.optim import make_optimizer, set_lr, smoothed_cross_entropy
-from harness.schedules import lr_at
-from harness.tasks import Task, make_task, shifted
-from harness.train_config import RESUMABLE_CHANGES, TrainConfig
+from harness.model.compiled import HookAwareCompiled
+from harness.model.config import ModelConfig
+from harness.model.transformer import Transformer
+from harness.train import checkpoint as ckpt
+from harness.train import distributed
+from harness.train.config import RESUMABLE_CHANGES, TrainConfig
+from harness.train.metrics import MetricsLog, flops_per_token, new_row, peak_flops
+from harness.train.optim import make_optimizer, set_lr, smoothed_cross_entropy
+from harness.train.schedules import lr_at
+from harness.train.tasks import Task, make_task, shifted
 
 VAL_SEED_OFFSET = 0x5EED  # validation batches have their own generator: they never shift the training stream
 
@@ -197,7 +198,7 @@ class _Loop:
         val_gen = torch.Generator().manual_seed(cfg.seed + VAL_SEED_OFFSET)
         self.val = [task.batch(cfg.batch_size, val_gen, "val") for _ in range(cfg.eval_batches)]
         self.amp = cfg.amp and self.device.type == "cuda"
-        self.fwd: nn.Module = torch.compile(self.model) if cfg.compile else self.model
+        self.fwd: nn.Module = HookAwareCompiled(self.model) if cfg.compile else self.model
         if info.active:
             from torch.nn.parallel import DistributedDataParallel
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from harness.config import ModelConfig
+from harness.model.config import ModelConfig
 
 
 @dataclass(frozen=True)

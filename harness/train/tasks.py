@@ -279,7 +279,7 @@ class Text(Task):
     options = {"paths": None, "val_fraction": 0.1, "max_bytes": None}
 
     def __init__(self, d_vocab, n_ctx, seq_len=None, options=None):
-        from harness.text_corpus import load_corpus
+        from harness.train.text_corpus import load_corpus
 
         super().__init__(d_vocab, n_ctx, seq_len, options)
         if d_vocab != 256:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.config import ModelConfig
-from harness.model import Transformer
+from harness.model.config import ModelConfig
+from harness.model.transformer import Transformer
 
 SUPPORTED = ("GPT2LMHeadModel", "LlamaForCausalLM")
 

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from harness.checkpoint import atomic_write_text
+from harness.train.checkpoint import atomic_write_text
 
 # step          the optimizer update the row ends at (1-based)
 # lr            that update's learning rate

@@ -20,43 +20,16 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from harness.metrics import flops_per_token, peak_flops
-from harness.model import Transformer
-from reports.bench_core import Row, Shape, interleaved_times, medians, paired_ratio
-from reports.bench_reference import PlainGPT
+from harness.model.compiled import HookAwareCompiled
+from harness.model.transformer import Transformer
+from harness.train.metrics import flops_per_token, peak_flops
+from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
+from reports.bench.reference import PlainGPT
 
 # The CPU "peak" is the fp32 rate of square matmuls of this size, as harness.metrics.cpu_matmul_rate
 # measures it for the training metrics; here it is timed interleaved with the training steps.
 PEAK_MATMUL_N = 512
-
-
-class HookAwareCompiled(nn.Module):
-    """``torch.compile(model)`` while no hook point of ``model`` has a hook; ``model`` itself otherwise.
-
-    Checking every hook point costs about a microsecond per hundred points, once per call.
-    """
-
-    def __init__(self, model: nn.Module, **compile_kwargs: Any):
-        super().__init__()
-        hook_dict = getattr(model, "hook_dict", None)
-        if not isinstance(hook_dict, dict):
-            raise TypeError("HookAwareCompiled expects a HookedRootModule (with hook_dict), "
-                            f"got {type(model).__name__}")
-        self.model = model
-        self._points = list(hook_dict.values())
-        # Kept out of the module tree: the compiled wrapper shares model's parameters, and registering
-        # it would list every parameter twice in state_dict().
-        object.__setattr__(self, "_compiled", torch.compile(model, **compile_kwargs))
-
-    def hooked(self) -> bool:
-        return any(hp._forward_hooks or hp._backward_hooks for hp in self._points)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.hooked():
-            return self.model(*args, **kwargs)
-        return self._compiled(*args, **kwargs)
 
 
 def amp_context(device: torch.device, amp: bool) -> Callable[[], contextlib.AbstractContextManager]:

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from harness.config import ModelConfig
-from harness.positions import apply_rotary
+from harness.model.config import ModelConfig
+from harness.model.kv_cache import KVCacheEntry
+from harness.model.positions import apply_rotary
 
 
 def active(hp: HookPoint) -> bool:
@@ -47,21 +48,6 @@ class AttnContext:
         if self.is_causal:
             return torch.ones(q, k, dtype=torch.bool, device=device).tril(k - q)[None, None]
         return None
-
-
-class KVCacheEntry:
-    """Rotated keys and values of one layer, ``[batch, n_heads, t, d_head]``."""
-
-    def __init__(self) -> None:
-        self.k: Optional[Tensor] = None
-        self.v: Optional[Tensor] = None
-
-    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is not None:
-            k = torch.cat((self.k, k), dim=2)
-            v = torch.cat((self.v, v), dim=2)
-        self.k, self.v = k, v
-        return k, v
 
 
 class Norm(nn.Module):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.train_config import TrainConfig
+from harness.train.config import TrainConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

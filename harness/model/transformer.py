@@ -23,21 +23,15 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from harness.config import ModelConfig
-from harness.layers import AttnContext, Block, KVCacheEntry, Norm, hook
-from harness.positions import alibi_bias, alibi_slopes, rotary_cos_sin, sinusoidal_table
+from harness.model.config import ModelConfig
+from harness.model.generate import generate as _generate
+from harness.model.inputs import check_mask, check_offset, check_tokens
+from harness.model.kv_cache import KVCache
+from harness.model.layers import AttnContext, Block, Norm, hook
+from harness.model.positions import alibi_bias, alibi_slopes, rotary_cos_sin, sinusoidal_table
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class KVCache:
-    """Keys and values of every layer plus the padding mask seen so far."""
-
-    def __init__(self, n_layers: int):
-        self.layers = [KVCacheEntry() for _ in range(n_layers)]
-        self.length = 0
-        self.mask: Optional[Tensor] = None  # bool [batch, length]; None = every token real
 
 
 class _BoundConfig:
@@ -127,47 +121,6 @@ class Transformer(HookedRootModule):
     def b_U(self) -> Tensor:
         return torch.zeros(self.config.d_vocab, dtype=self.W_E.dtype, device=self.W_E.device)
 
-    # --- input checks ----------------------------------------------------------------
-    def _check_tokens(self, tokens: object) -> None:
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise ValueError(f"tokens have dtype {tokens.dtype}: expected an integer dtype (token ids)")
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens have shape {tuple(tokens.shape)}: expected 2-D [batch, pos]")
-        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens have shape {tuple(tokens.shape)}: "
-                             "expected at least one sequence and one position")
-        if torch.compiler.is_compiling():
-            return  # value checks force a host sync and a graph break; eager calls check them
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.config.d_vocab:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is out of range: expected ids in [0, {self.config.d_vocab}) (d_vocab)")
-
-    def _check_mask(self, attention_mask: object, batch: int, pos: int) -> Optional[Tensor]:
-        if attention_mask is None:
-            return None
-        if not isinstance(attention_mask, Tensor):
-            raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
-        if attention_mask.shape != (batch, pos):
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
-                             f"[batch, pos] = {(batch, pos)}")
-        if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
-            raise ValueError(f"attention_mask has dtype {attention_mask.dtype}: expected bool or integer 0/1")
-        if attention_mask.dtype != torch.bool:
-            if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-                raise ValueError("attention_mask has values other than 0 and 1: "
-                                 "expected 1 for real tokens, 0 for padding")
-            attention_mask = attention_mask.bool()
-        return attention_mask
-
-    @staticmethod
-    def _check_offset(position_offset: object) -> int:
-        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
-            raise ValueError(f"position_offset={position_offset!r} is invalid: expected an integer >= 0")
-        return position_offset
-
     # --- positions and masks ---------------------------------------------------------
     def _context(self, batch: int, q: int, device: torch.device, dtype: torch.dtype,
                  mask: Optional[Tensor], offset: int, cache: Optional[KVCache]) -> tuple[Tensor, AttnContext]:
@@ -224,13 +177,13 @@ class Transformer(HookedRootModule):
         in place of ``tokens`` and runs the rest.
         """
         cfg = self.config
-        position_offset = self._check_offset(position_offset)
+        position_offset = check_offset(position_offset)
         n = cfg.n_layers
         for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n):
                 raise ValueError(f"{name}={value!r} is invalid: expected an integer in [0, {n}]")
         if start_at_layer is None:
-            self._check_tokens(tokens)
+            check_tokens(tokens, self.config.d_vocab)
             batch, q = tokens.shape
             device, dtype = tokens.device, self.embed.weight.dtype
         else:
@@ -241,7 +194,7 @@ class Transformer(HookedRootModule):
                                  f"[batch, pos, d_model={cfg.d_model}]")
             batch, q = tokens.shape[:2]
             device, dtype = tokens.device, tokens.dtype
-        mask = self._check_mask(attention_mask, batch, q)
+        mask = check_mask(attention_mask, batch, q)
         positions, ctx = self._context(batch, q, device, dtype, mask, position_offset, kv_cache)
 
         if start_at_layer is None:
@@ -269,9 +222,7 @@ class Transformer(HookedRootModule):
                  top_k: Optional[int] = None, attention_mask: Optional[Tensor] = None,
                  generator: Optional[torch.Generator] = None, use_cache: bool = True,
                  return_logits: bool = False):
-        """Sample ``max_new_tokens`` tokens; see :func:`harness.generate.generate`."""
-        from harness.generate import generate
-
-        return generate(self, tokens, max_new_tokens, temperature=temperature, top_k=top_k,
+        """Sample ``max_new_tokens`` tokens; see :func:`harness.model.generate.generate`."""
+        return _generate(self, tokens, max_new_tokens, temperature=temperature, top_k=top_k,
                         attention_mask=attention_mask, generator=generator, use_cache=use_cache,
                         return_logits=return_logits)

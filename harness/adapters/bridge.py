@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 
-from properties.protocol import ATTENTION_DIRS, POSITIONAL_TYPES
+from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file, save_model
 from torch import Tensor, nn
 
-from harness.config import ModelConfig
-from harness.model import Transformer
-from harness.optim import optimizer_state_from_tensors, optimizer_state_to_tensors
-from harness.train_config import TrainConfig
+from harness.model.config import ModelConfig
+from harness.model.transformer import Transformer
+from harness.train.config import TrainConfig
+from harness.train.optim import optimizer_state_from_tensors, optimizer_state_to_tensors
 
 FORMAT = 1
 CHECKPOINT, TMP, OLD = "checkpoint", "checkpoint.tmp", "checkpoint.old"

@@ -12,6 +12,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from harness.model.inputs import check_mask, check_tokens
+from harness.model.kv_cache import KVCache
+
 
 def _check(model, tokens, max_new_tokens, temperature, top_k) -> None:
     cfg = model.config
@@ -23,7 +26,7 @@ def _check(model, tokens, max_new_tokens, temperature, top_k) -> None:
         raise ValueError(f"top_k={top_k!r} is invalid: expected None or an integer in [1, {cfg.d_vocab}]")
     if cfg.attention_dir != "causal":
         raise ValueError("generate needs a causal model: attention_dir='bidirectional' lets every token see the future")
-    model._check_tokens(tokens)
+    check_tokens(tokens, cfg.d_vocab)
 
 
 def sample(logits: Tensor, temperature: float, top_k: Optional[int],
@@ -45,11 +48,9 @@ def generate(model, tokens: Tensor, max_new_tokens: int, *, temperature: float =
              return_logits: bool = False):
     """Tokens ``[batch, pos + max_new_tokens]`` (and, with ``return_logits``, the logits that
     chose each new token, ``[batch, max_new_tokens, d_vocab]``)."""
-    from harness.model import KVCache
-
     _check(model, tokens, max_new_tokens, temperature, top_k)
     batch, pos = tokens.shape
-    mask = model._check_mask(attention_mask, batch, pos)
+    mask = check_mask(attention_mask, batch, pos)
     if mask is None:
         mask = torch.ones(batch, pos, dtype=torch.bool, device=tokens.device)
     if model.config.positional_embedding_type == "standard":
