@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 
+from harness._checks import check_int
 from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES
 
 
@@ -107,8 +108,7 @@ class BridgeAdapter(HookedRootModule):
         if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
-        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
-            raise ValueError(f"position_offset={position_offset!r} is invalid: expected an integer >= 0")
+        check_int("position_offset", position_offset, 0)
         if attention_mask is None:
             mask = torch.ones_like(tokens)
         else:

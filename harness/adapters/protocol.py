@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedRootModule
 
+from harness._checks import is_int
+
 CFG_FIELDS = ("n_layers", "n_heads", "d_head", "d_model", "d_vocab", "n_ctx",
               "positional_embedding_type", "attention_dir")
 POSITIONAL_TYPES = ("standard", "sinusoidal", "rotary", "alibi", "none")
@@ -50,7 +52,7 @@ def _cfg_problems(model: Any) -> list[str]:
         return problems
     for name in ("n_layers", "n_heads", "d_head", "d_model", "d_vocab", "n_ctx"):
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             problems.append(f"cfg.{name}={value!r} is not an integer >= 1")
     if cfg.positional_embedding_type not in POSITIONAL_TYPES:
         problems.append(f"cfg.positional_embedding_type={cfg.positional_embedding_type!r} is not one of "
@@ -70,12 +72,16 @@ def _forward_problems(model: HookedRootModule) -> list[str]:
             if name not in params and not has_var_kw]
 
 
-def check_protocol(model: Any) -> None:
+def check_protocol(model: Any, *, hooks: bool = True) -> None:
     """Raise TypeError listing every piece of the model protocol that ``model`` lacks.
 
-    Checks the class (a ``transformer_lens.HookedRootModule`` with ``setup()`` called), the
-    ``cfg`` fields and their values, the ``forward`` arguments, the hook points the property
-    checks read, and that a two-token forward pass returns logits ``[batch, pos, d_vocab]``.
+    Always checks the class (a ``transformer_lens.HookedRootModule`` with ``setup()`` called), the
+    ``cfg`` fields and their values, the ``forward`` arguments, and that a two-token forward pass
+    returns logits ``[batch, pos, d_vocab]``. With ``hooks=True`` the hook points in
+    :func:`required_hooks` must also exist *and fire* in that smoke forward (counting hooks are
+    attached to them): a name in ``hook_dict`` that never fires is reported as such. The property
+    suite calls ``hooks=False``: there a missing or silent hook makes only the properties that need
+    it unobservable (see :func:`observed_hooks`), it does not reject the model.
     """
     if not isinstance(model, HookedRootModule):
         hint = " (wrap a TransformerBridge with properties.BridgeAdapter)" if hasattr(model, "original_model") else ""
@@ -86,28 +92,55 @@ def check_protocol(model: Any) -> None:
     if hook_dict is None:
         missing.append("no hook_dict (call setup() at the end of __init__)")
     missing += _forward_problems(model)
-    if not missing:
+    watch: list[str] = []
+    if not missing and hooks:
+        watch = [name for name in required_hooks(model.cfg) if name in hook_dict]
         missing += [f"no hook point {name}" for name in required_hooks(model.cfg) if name not in hook_dict]
     if not missing:
-        missing += _smoke_problems(model)
+        problems, fired = _smoke(model, watch)
+        missing += problems
+        if not problems:
+            missing += [f"hook point {name} never fires in a forward pass" for name in watch if name not in fired]
     if missing:
         raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
                         + "; ".join(missing))
 
 
-def _smoke_problems(model: HookedRootModule) -> list[str]:
+def observed_hooks(model: HookedRootModule) -> set[str]:
+    """The names in ``model.hook_dict`` whose hook fires in a plain two-token forward pass.
+
+    The property suite computes this once per :func:`properties.check_model` run; a property
+    that needs a hook outside this set is unobservable on the model (not failed). ``model``
+    must already pass ``check_protocol(model, hooks=False)``.
+    """
+    problems, fired = _smoke(model, list(model.hook_dict))
+    if problems:
+        raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
+                        + "; ".join(problems))
+    return fired
+
+
+def _smoke(model: HookedRootModule, watch: list[str]) -> tuple[list[str], set[str]]:
+    """Problems with a two-token forward's logits, and which of ``watch`` fired in it."""
     cfg = model.cfg
     n = min(2, cfg.n_ctx)
     tokens = torch.zeros(1, n, dtype=torch.long, device=model_device(model))
+    fired: set[str] = set()
+
+    def count(name: str):
+        def hook(tensor: Any, hook: Any) -> None:
+            fired.add(name)
+        return hook
+
     try:
-        with torch.no_grad():
+        with torch.no_grad(), model.hooks(fwd_hooks=[(name, count(name)) for name in watch]):
             logits = model(tokens, attention_mask=torch.ones_like(tokens), position_offset=0)
     except TypeError as exc:
-        return [f"forward(tokens, attention_mask=..., position_offset=0) raised TypeError: {exc}"]
+        return [f"forward(tokens, attention_mask=..., position_offset=0) raised TypeError: {exc}"], fired
     if not isinstance(logits, Tensor) or tuple(logits.shape) != (1, n, cfg.d_vocab):
         got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        return [f"forward returned {got}, expected logits [batch, pos, d_vocab] = {(1, n, cfg.d_vocab)}"]
-    return []
+        return [f"forward returned {got}, expected logits [batch, pos, d_vocab] = {(1, n, cfg.d_vocab)}"], fired
+    return [], fired
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -116,28 +149,95 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+class HookNotObserved(Exception):
+    """A hook a check needs did not fire (or the harness's own hook code failed on it).
+
+    The property suite turns it into an *unobservable* result, never a failed one: it says the
+    harness could not look, not that the model is wrong. ``reason`` names the hook.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ModelError(Exception):
+    """The model itself raised on a protocol input (``original`` is its exception)."""
+
+    def __init__(self, original: BaseException):
+        super().__init__(f"{type(original).__name__}: {original}")
+        self.original = original
+
+
+def call_model(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with any exception it raises wrapped in :class:`ModelError`."""
+    try:
+        return fn(*args, **kwargs)
+    except (HookNotObserved, ModelError):
+        raise
+    except Exception as exc:
+        raise ModelError(exc) from exc
+
+
 class _Saver:
-    def __init__(self, store: dict, name: str):
-        self.store, self.name = store, name
+    def __init__(self, store: dict, errors: dict, name: str):
+        self.store, self.errors, self.name = store, errors, name
 
     def __call__(self, tensor: Tensor, hook: Any) -> None:
-        # clone: an implementation may reuse or modify the buffer after the hook returns
-        self.store[self.name] = tensor.detach().clone()
+        try:  # the harness's own hook must never break (or fail) the model's forward pass
+            # clone: an implementation may reuse or modify the buffer after the hook returns
+            self.store[self.name] = tensor.detach().clone()
+        except Exception as exc:
+            self.errors[self.name] = f"{type(exc).__name__}: {exc}"
+
+
+class _Patcher:
+    """Replaces a hook point's activation by a given tensor (same shape), e.g. to feed two runs one input."""
+
+    def __init__(self, value: Tensor, errors: dict, applied: set, name: str):
+        self.value, self.errors, self.applied, self.name = value, errors, applied, name
+
+    def __call__(self, tensor: Tensor, hook: Any) -> Optional[Tensor]:
+        self.applied.add(self.name)
+        if not isinstance(tensor, Tensor) or tuple(tensor.shape) != tuple(self.value.shape):
+            got = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
+            self.errors[self.name] = f"patch of shape {tuple(self.value.shape)} does not fit {got}"
+            return None
+        return self.value.to(tensor.device, tensor.dtype)
 
 
 @torch.no_grad()
 def run(model: HookedRootModule, tokens: Tensor, *, attention_mask: Optional[Tensor] = None,
-        position_offset: int = 0, capture: Iterable[str] = ()) -> tuple[Tensor, dict[str, Tensor]]:
+        position_offset: int = 0, capture: Iterable[str] = (),
+        patch: Optional[dict[str, Tensor]] = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Logits (float64) and the activations at the ``capture`` hook points (as the model produced them).
 
-    Hooks are attached with ``model.hooks`` so they are removed even if the forward pass raises.
+    ``patch`` replaces the activation at each named hook point by the given tensor. Hooks are
+    attached with ``model.hooks`` so they are removed even if the forward pass raises. A forward
+    pass that raises raises :class:`ModelError`; a captured or patched hook that is not a hook
+    point, does not fire, or that the harness's hook code fails on raises :class:`HookNotObserved`.
     """
     store: dict[str, Tensor] = {}
+    errors: dict[str, str] = {}
+    capture = list(capture)
+    patch = dict(patch or {})
+    absent = [name for name in [*capture, *patch] if name not in model.hook_dict]
+    if absent:
+        raise HookNotObserved(f"no hook point {absent[0]}")
     device = model_device(model)
     tokens = tokens.to(device)
     mask = attention_mask.to(device) if attention_mask is not None else None
-    with model.hooks(fwd_hooks=[(name, _Saver(store, name)) for name in capture]):
-        logits = model(tokens, attention_mask=mask, position_offset=position_offset)
+    applied: set[str] = set()
+    hooks = [(name, _Patcher(value, errors, applied, name)) for name, value in patch.items()]
+    hooks += [(name, _Saver(store, errors, name)) for name in capture]
+    with model.hooks(fwd_hooks=hooks):
+        logits = call_model(model, tokens, attention_mask=mask, position_offset=position_offset)
+    if errors:
+        name, msg = next(iter(errors.items()))
+        raise HookNotObserved(f"the harness's hook on {name} failed: {msg}")
+    silent = [name for name in capture if name not in store] + [name for name in patch if name not in applied]
+    if silent:
+        raise HookNotObserved(f"hook {silent[0]} did not fire")
     return logits.detach().to("cpu", torch.float64), {k: v.to("cpu") for k, v in store.items()}
 
 

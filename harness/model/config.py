@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from harness._checks import check_bool, check_choice, check_int, check_number, check_seed, invalid
 
 ACT_FNS = ("relu", "gelu", "gelu_new", "silu")
 NORMALIZATION_TYPES = ("LN", "RMS", None)
@@ -20,50 +21,7 @@ NORM_PLACEMENTS = ("pre", "post")
 POSITIONAL_TYPES = ("standard", "sinusoidal", "rotary", "alibi", "none")
 ATTENTION_DIRS = ("causal", "bidirectional")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-MAX_SEED = 2**63 - 1
-
-
-def _fail(field_name: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f"{field_name}={value!r} is invalid: expected {expected}")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(name, value, f"an integer >= {minimum}")
-    if value < minimum:
-        raise _fail(name, value, f"an integer >= {minimum}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise _fail(name, value, "a bool (True or False)")
-
-
-def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    if value not in choices or isinstance(value, bool):
-        raise _fail(name, value, f"one of {list(choices)}")
-
-
-def _check_float(name: str, value: Any, low: float, high: Optional[float] = None,
-                 low_inclusive: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(name, value, "a number")
-    ok_low = value >= low if low_inclusive else value > low
-    ok_high = True if high is None else value <= high
-    try:  # inf passes every lower bound but makes weights or updates non-finite; NaN fails every comparison
-        finite = math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        finite = False
-    if not (ok_low and ok_high and finite):
-        bound = f"{'>=' if low_inclusive else '>'} {low}" + ("" if high is None else f" and <= {high}")
-        raise _fail(name, value, f"a finite number {bound}")
-
-
-def _check_seed(value: Any) -> None:
-    # torch.Generator.manual_seed takes at most 64 bits; 63 leaves room for derived seeds (seed + offset).
-    _check_int("seed", value, 0)
-    if value > MAX_SEED:
-        raise _fail("seed", value, f"an integer in [0, {MAX_SEED}] (2**63 - 1)")
+BOOL_WORDING = "a bool (True or False)"  # what the config fields say a bool is
 
 
 class _JSONMixin:
@@ -137,40 +95,40 @@ class ModelConfig(_JSONMixin):
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx"):
-            _check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1)
         if self.d_head is None:
             if self.d_model % self.n_heads:
-                raise _fail("d_head", None, f"an explicit d_head, since d_model={self.d_model} "
+                raise invalid("d_head", None, f"an explicit d_head, since d_model={self.d_model} "
                             f"is not divisible by n_heads={self.n_heads}")
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
-        _check_int("d_head", self.d_head, 1)
+        check_int("d_head", self.d_head, 1)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
-        _check_int("d_mlp", self.d_mlp, 1)
-        _check_choice("act_fn", self.act_fn, ACT_FNS)
-        _check_choice("normalization_type", self.normalization_type, NORMALIZATION_TYPES)
-        _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
-        _check_choice("positional_embedding_type", self.positional_embedding_type, POSITIONAL_TYPES)
-        _check_choice("attention_dir", self.attention_dir, ATTENTION_DIRS)
-        _check_choice("dtype", self.dtype, DTYPES)
+        check_int("d_mlp", self.d_mlp, 1)
+        check_choice("act_fn", self.act_fn, ACT_FNS)
+        check_choice("normalization_type", self.normalization_type, NORMALIZATION_TYPES)
+        check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+        check_choice("positional_embedding_type", self.positional_embedding_type, POSITIONAL_TYPES)
+        check_choice("attention_dir", self.attention_dir, ATTENTION_DIRS)
+        check_choice("dtype", self.dtype, DTYPES)
         for name in ("gated_mlp", "attn_only", "use_attn_scale", "use_attn_result",
                      "tie_embeddings", "attn_bias", "mlp_bias"):
-            _check_bool(name, getattr(self, name))
-        _check_float("rotary_base", self.rotary_base, 1.0)
-        _check_float("eps", self.eps, 0.0, 1.0)
-        _check_float("init_range", self.init_range, 0.0)
-        _check_seed(self.seed)
+            check_bool(name, getattr(self, name), expected=BOOL_WORDING)
+        check_number("rotary_base", self.rotary_base, 1.0)
+        check_number("eps", self.eps, 0.0, 1.0)
+        check_number("init_range", self.init_range, 0.0)
+        check_seed("seed", self.seed)
         if self.n_key_value_heads is not None:
-            _check_int("n_key_value_heads", self.n_key_value_heads, 1)
+            check_int("n_key_value_heads", self.n_key_value_heads, 1)
             if self.n_heads % self.n_key_value_heads:
-                raise _fail("n_key_value_heads", self.n_key_value_heads,
+                raise invalid("n_key_value_heads", self.n_key_value_heads,
                             f"a divisor of n_heads={self.n_heads}")
         if self.positional_embedding_type == "rotary" and self.d_head % 2:
-            raise _fail("d_head", self.d_head, "an even number for rotary embeddings (RoPE rotates pairs)")
+            raise invalid("d_head", self.d_head, "an even number for rotary embeddings (RoPE rotates pairs)")
         if self.positional_embedding_type == "sinusoidal" and self.d_model % 2:
-            raise _fail("d_model", self.d_model, "an even number for sinusoidal embeddings (sin/cos pairs)")
+            raise invalid("d_model", self.d_model, "an even number for sinusoidal embeddings (sin/cos pairs)")
         if self.norm_placement == "post" and self.normalization_type is None:
-            raise _fail("norm_placement", "post", "'pre' when normalization_type is None "
+            raise invalid("norm_placement", "post", "'pre' when normalization_type is None "
                         "(post-norm means normalizing after each residual add)")
 
     # TransformerLens helpers read these names.

@@ -12,18 +12,18 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from harness._checks import check_int, check_number
 from harness.model.inputs import check_mask, check_tokens
 from harness.model.kv_cache import KVCache
 
 
 def _check(model, tokens, max_new_tokens, temperature, top_k) -> None:
     cfg = model.config
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: expected an integer >= 0")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0 (0 = greedy)")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= cfg.d_vocab):
-        raise ValueError(f"top_k={top_k!r} is invalid: expected None or an integer in [1, {cfg.d_vocab}]")
+    check_int("max_new_tokens", max_new_tokens, 0)
+    # finite=False: generate's contract is the lower bound only, as it always was
+    check_number("temperature", temperature, 0, low_inclusive=True, finite=False,
+                 expected="a number >= 0 (0 = greedy)")
+    check_int("top_k", top_k, 1, cfg.d_vocab, none_ok=True)
     if cfg.attention_dir != "causal":
         raise ValueError("generate needs a causal model: attention_dir='bidirectional' lets every token see the future")
     check_tokens(tokens, cfg.d_vocab)

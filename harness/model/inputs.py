@@ -10,6 +10,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from harness._checks import check_int
+
 __all__ = ["check_tokens", "check_mask", "check_offset"]
 
 
@@ -51,6 +53,4 @@ def check_mask(attention_mask: object, batch: int, pos: int) -> Optional[Tensor]
 
 def check_offset(position_offset: object) -> int:
     """A position offset: an integer >= 0."""
-    if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
-        raise ValueError(f"position_offset={position_offset!r} is invalid: expected an integer >= 0")
-    return position_offset
+    return check_int("position_offset", position_offset, 0)

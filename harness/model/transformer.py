@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from harness._checks import check_int
 from harness.model.config import ModelConfig
 from harness.model.generate import generate as _generate
 from harness.model.inputs import check_mask, check_offset, check_tokens
@@ -180,8 +181,7 @@ class Transformer(HookedRootModule):
         position_offset = check_offset(position_offset)
         n = cfg.n_layers
         for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n):
-                raise ValueError(f"{name}={value!r} is invalid: expected an integer in [0, {n}]")
+            check_int(name, value, 0, n, none_ok=True, expected=f"an integer in [0, {n}]")
         if start_at_layer is None:
             check_tokens(tokens, self.config.d_vocab)
             batch, q = tokens.shape

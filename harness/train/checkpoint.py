@@ -31,7 +31,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file, save_model
 from torch import Tensor, nn
 
+from harness._checks import check_int, is_number
 from harness.model.config import ModelConfig
+from harness.model.head_mask import apply_head_mask
 from harness.model.transformer import Transformer
 from harness.train.config import TrainConfig
 from harness.train.optim import optimizer_state_from_tensors, optimizer_state_to_tensors
@@ -209,19 +211,14 @@ def read_state(run_dir: Path) -> dict:
     return state
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_state(state: dict, path: Path) -> None:
     """Types of what a resume reads, so a damaged state.json is an error naming it, not a crash mid-resume."""
     step, pending, rng = state["step"], state["pending"], state["rng"]
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"{path} is corrupt: step={step!r} is invalid: expected an integer >= 0")
-    if not _number(state["elapsed_s"]):
+    check_int(f"{path} is corrupt: step", step, 0)
+    if not is_number(state["elapsed_s"]):
         raise ValueError(f"{path} is corrupt: elapsed_s={state['elapsed_s']!r} is invalid: expected a number")
     keys = ("loss_sum", "steps", "tokens", "time")
-    if not isinstance(pending, dict) or not all(_number(pending.get(k)) for k in keys):
+    if not isinstance(pending, dict) or not all(is_number(pending.get(k)) for k in keys):
         raise ValueError(f"{path} is corrupt: pending={pending!r} is invalid: expected numbers {list(keys)}")
     try:  # decode every RNG state the way set_rng_state will, on throwaway generators
         for key, ref in (("torch", torch.get_rng_state()), ("task", torch.Generator().get_state())):
@@ -258,17 +255,22 @@ def load_optimizer(optimizer: torch.optim.Optimizer, run_dir: Path) -> None:
 
 
 def load_run(run_dir: str | os.PathLike, device: Optional[str | torch.device] = None) -> Transformer:
-    """The trained :class:`harness.Transformer` of a run (its last checkpoint), in eval mode."""
+    """The trained :class:`harness.Transformer` of a run (its last checkpoint), in eval mode.
+
+    A run trained with a ``head_mask`` gives the pruned model: its pruned heads are held at zero
+    (:func:`harness.model.head_mask.apply_head_mask`), as they were in training.
+    """
     if not isinstance(run_dir, (str, os.PathLike)):
         raise TypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
-    model_cfg, _ = read_configs(run_dir)
+    model_cfg, train_cfg = read_configs(run_dir)
     model = Transformer(model_cfg)
     if device is not None:
         model.to(device)
     load_weights(model, run_dir)
+    apply_head_mask(model, train_cfg.head_mask)
     return model.eval()
 
 

@@ -11,7 +11,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from harness.model.config import _check_bool, _check_choice, _check_float, _check_int, _check_seed, _fail, _JSONMixin
+from harness._checks import check_bool, check_choice, check_int, check_number, check_seed, invalid
+from harness.model.config import BOOL_WORDING, _JSONMixin
+from harness.train.distill import DEFAULT_ALPHA, DEFAULT_TEMPERATURE
+from harness.train.distill import check_fields as check_heal_fields
 from harness.train.tasks import check_options
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -37,6 +40,10 @@ class TrainConfig(_JSONMixin):
     ``grad_clip=None`` disables clipping of the global gradient norm.
     ``checkpoint_every=None`` checkpoints only at the end (and on stop or interrupt).
     ``amp`` turns on bf16 autocast on CUDA; CPU runs train in the model's own dtype.
+    ``head_mask`` (``[n_layers, n_heads]`` of 0/1, 0 = pruned) holds pruned heads at exactly zero
+    (:mod:`harness.model.head_mask`); ``distill_from`` is a teacher run whose softened outputs the
+    student matches: ``loss = alpha * T^2 * KL(teacher_T || student_T) + (1 - alpha) * hard``
+    with ``T = temperature`` (:mod:`harness.train.distill`; ``alpha=1`` is pure distillation).
     """
 
     task: str = "induction"
@@ -62,49 +69,58 @@ class TrainConfig(_JSONMixin):
     device: str = "auto"
     compile: bool = False
     amp: bool = True
+    # prune, then heal (harness.train.distill): heads held at zero, and the teacher run to distill from
+    head_mask: Optional[tuple] = None
+    distill_from: Optional[str] = None
+    temperature: float = DEFAULT_TEMPERATURE
+    alpha: float = DEFAULT_ALPHA
 
     def __post_init__(self) -> None:
         if not isinstance(self.task_options, dict):
-            raise _fail("task_options", self.task_options, "a dict of task option names to values")
+            raise invalid("task_options", self.task_options, "a dict of task option names to values")
         check_options(self.task, self.task_options)
         try:
             json.dumps(self.task_options)
         except TypeError:
-            raise _fail("task_options", self.task_options, "JSON-serializable values") from None
+            raise invalid("task_options", self.task_options, "JSON-serializable values") from None
         object.__setattr__(self, "task_options", dict(self.task_options))  # a private copy
         if self.seq_len is not None:
-            _check_int("seq_len", self.seq_len, 2)
+            check_int("seq_len", self.seq_len, 2)
         for name in ("batch_size", "steps", "eval_every", "eval_batches", "log_every"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("warmup", self.warmup, 0)
-        _check_seed(self.seed)
+            check_int(name, getattr(self, name), 1)
+        check_int("warmup", self.warmup, 0)
+        check_seed("seed", self.seed)
         if self.checkpoint_every is not None:
-            _check_int("checkpoint_every", self.checkpoint_every, 1)
-        _check_float("lr", self.lr, 0.0)
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_choice("schedule", self.schedule, SCHEDULES)
+            check_int("checkpoint_every", self.checkpoint_every, 1)
+        check_number("lr", self.lr, 0.0)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("schedule", self.schedule, SCHEDULES)
         if self.schedule == "noam" and self.warmup < 1:
-            raise _fail("warmup", self.warmup, "at least 1 for the noam schedule (it divides by warmup^1.5)")
-        _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, low_inclusive=True)
-        _check_float("weight_decay", self.weight_decay, 0.0, low_inclusive=True)
+            raise invalid("warmup", self.warmup, "at least 1 for the noam schedule (it divides by warmup^1.5)")
+        check_number("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, low_inclusive=True)
+        check_number("weight_decay", self.weight_decay, 0.0, low_inclusive=True)
         if isinstance(self.betas, list):  # JSON has no tuples
             object.__setattr__(self, "betas", tuple(self.betas))
         if not isinstance(self.betas, tuple) or len(self.betas) != 2:
-            raise _fail("betas", self.betas, "a pair (beta1, beta2) of numbers in [0, 1)")
+            raise invalid("betas", self.betas, "a pair (beta1, beta2) of numbers in [0, 1)")
         for i, b in enumerate(self.betas):
-            if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 <= b < 1.0:
-                raise _fail(f"betas[{i}]", b, "a number in [0, 1)")
-        _check_float("momentum", self.momentum, 0.0, 1.0, low_inclusive=True)
+            check_number(f"betas[{i}]", b, 0.0, 1.0, low_inclusive=True, high_inclusive=False,
+                         expected="a number in [0, 1)")
+        check_number("momentum", self.momentum, 0.0, 1.0, low_inclusive=True)
         if self.momentum >= 1.0:
-            raise _fail("momentum", self.momentum, "a number in [0, 1)")
-        _check_float("label_smoothing", self.label_smoothing, 0.0, 1.0, low_inclusive=True)
+            raise invalid("momentum", self.momentum, "a number in [0, 1)")
+        check_number("label_smoothing", self.label_smoothing, 0.0, 1.0, low_inclusive=True)
         if self.label_smoothing >= 1.0:
-            raise _fail("label_smoothing", self.label_smoothing, "a number in [0, 1)")
+            raise invalid("label_smoothing", self.label_smoothing, "a number in [0, 1)")
         if self.grad_clip is not None:
-            _check_float("grad_clip", self.grad_clip, 0.0)
-        _check_choice("device", self.device, DEVICES)
-        _check_bool("compile", self.compile)
-        _check_bool("amp", self.amp)
+            check_number("grad_clip", self.grad_clip, 0.0)
+        check_choice("device", self.device, DEVICES)
+        check_bool("compile", self.compile, expected=BOOL_WORDING)
+        check_bool("amp", self.amp, expected=BOOL_WORDING)
+        object.__setattr__(self, "head_mask",
+                           check_heal_fields(self.head_mask, self.distill_from, self.temperature, self.alpha))
+        if self.distill_from is not None:
+            object.__setattr__(self, "distill_from", str(self.distill_from))
 
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with some fields changed (configs are never mutated)."""

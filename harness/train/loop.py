@@ -18,18 +18,20 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pandas as pd
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from harness._checks import check_bool, check_int
 from harness.model.compiled import HookAwareCompiled
 from harness.model.config import ModelConfig
+from harness.model.head_mask import apply_head_mask
 from harness.model.transformer import Transformer
 from harness.train import checkpoint as ckpt
-from harness.train import distributed
+from harness.train import distill, distributed
 from harness.train.config import RESUMABLE_CHANGES, TrainConfig
 from harness.train.metrics import MetricsLog, flops_per_token, new_row, peak_flops
 from harness.train.optim import make_optimizer, set_lr, smoothed_cross_entropy
@@ -84,15 +86,12 @@ def _check_args(model_or_cfg, train_cfg, run_dir, resume, stop_after, overwrite,
     if not isinstance(run_dir, (str, os.PathLike)):
         raise TypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
     for name, value in (("resume", resume), ("overwrite", overwrite)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name}={value!r} is invalid: expected True or False")
+        check_bool(name, value)
     if resume and overwrite:
         raise ValueError("resume=True and overwrite=True contradict each other: expected at most one")
-    if progress is not None and not isinstance(progress, bool):
-        raise ValueError(f"progress={progress!r} is invalid: expected None (a bar only on a terminal), True or False")
-    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int)
-                                   or not 1 <= stop_after <= train_cfg.steps):
-        raise ValueError(f"stop_after={stop_after!r} is invalid: expected an integer in [1, steps={train_cfg.steps}]")
+    check_bool("progress", progress, none_ok=True, expected="None (a bar only on a terminal), True or False")
+    check_int("stop_after", stop_after, 1, train_cfg.steps, none_ok=True,
+              expected=f"an integer in [1, steps={train_cfg.steps}]")
     return model_cfg, model
 
 
@@ -129,7 +128,8 @@ def _check_run_dir(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig
 
 def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_dir: str | os.PathLike,
           resume: bool = False, stop_after: Optional[int] = None, overwrite: bool = False,
-          progress: Optional[bool] = None) -> pd.DataFrame:
+          progress: Optional[bool] = None, *, head_mask: Any = None, distill_from: Optional[str | os.PathLike] = None,
+          temperature: Optional[float] = None, alpha: Optional[float] = None) -> pd.DataFrame:
     """Train a model on ``train_cfg.task``; returns the metrics (also in ``run_dir/metrics.csv``).
 
     ``model_or_cfg``: a ModelConfig (a fresh model is built from it) or a Transformer
@@ -143,8 +143,19 @@ def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_d
     Ctrl-C, saves a checkpoint at the end of the current step and re-raises KeyboardInterrupt.
     Under ``torchrun`` (WORLD_SIZE > 1) training is data-parallel and rank 0 alone writes;
     other ranks return only the rows of their own segment.
+
+    Prune, then heal: ``head_mask``, ``distill_from``, ``temperature`` and ``alpha``, when given,
+    set the TrainConfig fields of the same names (see :class:`TrainConfig`): the pruned heads are
+    held at zero on ``model`` (in place, and in the saved run), and the loss distils from the
+    teacher run (:mod:`harness.train.distill`). Without a teacher, a head mask alone is plain
+    fine-tuning of the pruned model, the baseline distillation is measured against.
     """
+    changes = {k: v for k, v in (("head_mask", head_mask), ("distill_from", distill_from),
+                                 ("temperature", temperature), ("alpha", alpha)) if v is not None}
+    if changes and isinstance(train_cfg, TrainConfig):
+        train_cfg = train_cfg.replace(**changes)
     model_cfg, model = _check_args(model_or_cfg, train_cfg, run_dir, resume, stop_after, overwrite, progress)
+    distill.check_against_model(train_cfg, model_cfg)
     run_dir = Path(run_dir)
     task = make_task(train_cfg.task, model_cfg.d_vocab, model_cfg.n_ctx, train_cfg.seq_len, train_cfg.task_options)
     info = distributed.setup(train_cfg.device)
@@ -183,6 +194,8 @@ class _Loop:
         self.cfg, self.model_cfg, self.task, self.run_dir, self.info = cfg, model_cfg, task, run_dir, info
         self.device = info.device
         self.model = model.to(self.device).train()
+        apply_head_mask(self.model, cfg.head_mask)
+        self.teacher = distill.Teacher(cfg.distill_from, self.device) if cfg.distill_from is not None else None
         self.optimizer = make_optimizer(self.model, cfg)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.start, self.elapsed0 = 0, 0.0
@@ -266,7 +279,12 @@ class _Loop:
         with self._autocast():
             logits = self.step_model(tokens)
         pred, target = shifted(logits, tokens, mask)
-        local = smoothed_cross_entropy(pred, target, cfg.label_smoothing).sum()
+        per_target = smoothed_cross_entropy(pred, target, cfg.label_smoothing)
+        if self.teacher is not None:
+            with self._autocast():
+                teacher_pred, _ = shifted(self.teacher.logits(tokens), tokens, mask)
+            per_target = distill.mixed_loss(pred, teacher_pred, target, per_target, cfg.temperature, cfg.alpha)
+        local = per_target.sum()
         stats = torch.stack([local.detach().double(),
                              torch.tensor(float(interrupt.requested), dtype=torch.float64, device=self.device)])
         distributed.all_reduce_sum(stats, self.info)

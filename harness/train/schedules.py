@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from harness._checks import check_int, is_int
 from harness.train.config import TrainConfig
 
 
@@ -22,13 +23,12 @@ def lr_at(step: int, cfg: TrainConfig, d_model: Optional[int] = None) -> float:
                    (Loshchilov & Hutter 2017, SGDR, without restarts)
     warmup_linear  linear warmup to lr, then linear decay to 0 at ``steps``
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step={step!r} is invalid: expected an integer >= 1 (steps count updates from 1)")
+    check_int("step", step, 1, expected="an integer >= 1 (steps count updates from 1)")
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
     kind, peak, warm, total = cfg.schedule, cfg.lr, cfg.warmup, cfg.steps
     if kind == "noam":
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        if not is_int(d_model) or d_model < 1:
             raise ValueError(f"d_model={d_model!r} is invalid: the noam schedule needs the model width "
                              "(an integer >= 1)")
         return peak * d_model ** -0.5 * min(step ** -0.5, step * warm ** -1.5)

@@ -23,25 +23,14 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import Tensor
 
+from harness._checks import check_bool, check_int, check_number, check_positive_int
+
 SPLITS = ("train", "val")
 
 
-def _opt_int(task: str, name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"task {task!r}: option {name}={value!r} is invalid: expected an integer >= {minimum}")
-    return value
-
-
-def _opt_float(task: str, name: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low < value < high):
-        raise ValueError(f"task {task!r}: option {name}={value!r} is invalid: expected a number in ({low}, {high})")
-    return float(value)
-
-
-def _opt_bool(task: str, name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"task {task!r}: option {name}={value!r} is invalid: expected True or False")
-    return value
+def _opt(task: str, name: str) -> str:
+    """How an option is named in its error: ``task 'copy': option n_symbols``."""
+    return f"task {task!r}: option {name}"
 
 
 class Task(ABC):
@@ -56,8 +45,7 @@ class Task(ABC):
         check_options(self.name, options or {})
         self.d_vocab, self.n_ctx = d_vocab, n_ctx
         self.seq_len = self.default_seq_len if seq_len is None else seq_len
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 2:
-            raise ValueError(f"task {self.name!r}: seq_len={self.seq_len!r} is invalid: expected an integer >= 2")
+        check_int(f"task {self.name!r}: seq_len", self.seq_len, 2)
         if self.seq_len > n_ctx:
             raise ValueError(f"task {self.name!r}: seq_len={self.seq_len} is longer than the model's "
                              f"n_ctx={n_ctx}: expected seq_len <= {n_ctx}")
@@ -70,8 +58,7 @@ class Task(ABC):
 
     def batch(self, batch_size: int, generator: torch.Generator, split: str = "train") -> tuple[Tensor, Tensor]:
         """``batch_size`` sequences: tokens ``[batch, pos]`` int64 and loss_mask ``[batch, pos]`` bool."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} is invalid: expected an integer >= 1")
+        check_positive_int("batch_size", batch_size)
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is invalid: expected one of {list(SPLITS)}")
         if not isinstance(generator, torch.Generator):
@@ -108,11 +95,11 @@ class Induction(Task):
         super().__init__(d_vocab, n_ctx, seq_len, options)
         self.max_prefix = self.seq_len // 2
         mp = self.opts["min_prefix"]
-        self.min_prefix = max(2, self.seq_len // 4) if mp is None else _opt_int(self.name, "min_prefix", mp, 2)
+        self.min_prefix = max(2, self.seq_len // 4) if mp is None else check_int(_opt(self.name, "min_prefix"), mp, 2)
         if self.min_prefix > self.max_prefix:
             raise ValueError(f"task 'induction': option min_prefix={self.min_prefix} is invalid: expected "
                              f"at most seq_len // 2 = {self.max_prefix}")
-        self.distinct = _opt_bool(self.name, "distinct", self.opts["distinct"])
+        self.distinct = check_bool(_opt(self.name, "distinct"), self.opts["distinct"])
         self._need_vocab(self.max_prefix if self.distinct else 2,
                          f"a prefix of {self.max_prefix} distinct tokens" if self.distinct else "two symbols")
 
@@ -146,7 +133,7 @@ class _SeqToSeq(Task):
         self.n = (self.seq_len - 1) // 2
         self._need_vocab(3, "at least two symbols and a separator")
         ns = self.opts["n_symbols"]
-        self.n_symbols = self.d_vocab - 1 if ns is None else _opt_int(self.name, "n_symbols", ns, 2)
+        self.n_symbols = self.d_vocab - 1 if ns is None else check_int(_opt(self.name, "n_symbols"), ns, 2)
         if self.n_symbols > self.d_vocab - 1:
             raise ValueError(f"task {self.name!r}: option n_symbols={self.n_symbols} is invalid: expected at most "
                              f"d_vocab - 1 = {self.d_vocab - 1} (the last id is the separator)")
@@ -201,10 +188,11 @@ class ModularAddition(Task):
         super().__init__(d_vocab, n_ctx, seq_len, options)
         if self.seq_len != 4:
             raise ValueError(f"task 'modular_addition': seq_len={self.seq_len} is invalid: expected 4 (a b = c)")
-        self.p = _opt_int(self.name, "p", self.opts["p"], 2)
+        self.p = check_int(_opt(self.name, "p"), self.opts["p"], 2)
         self._need_vocab(self.p + 1, f"p={self.p} numbers and '='; pass a smaller task_options['p']")
-        frac = _opt_float(self.name, "train_fraction", self.opts["train_fraction"], 0.0, 1.0)
-        seed = _opt_int(self.name, "split_seed", self.opts["split_seed"], 0)
+        frac = float(check_number(_opt(self.name, "train_fraction"), self.opts["train_fraction"], 0.0, 1.0,
+                                  high_inclusive=False, expected="a number in (0.0, 1.0)"))
+        seed = check_int(_opt(self.name, "split_seed"), self.opts["split_seed"], 0)
         order = torch.randperm(self.p * self.p, generator=torch.Generator().manual_seed(seed))
         n_train = min(max(1, round(frac * self.p * self.p)), self.p * self.p - 1)
         self.pairs = {"train": order[:n_train], "val": order[n_train:]}
@@ -234,13 +222,13 @@ class Markov(Task):
     def __init__(self, d_vocab, n_ctx, seq_len=None, options=None):
         super().__init__(d_vocab, n_ctx, seq_len, options)
         ns = self.opts["n_states"]
-        self.n_states = d_vocab if ns is None else _opt_int(self.name, "n_states", ns, 2)
+        self.n_states = d_vocab if ns is None else check_int(_opt(self.name, "n_states"), ns, 2)
         self._need_vocab(self.n_states, f"n_states={self.n_states} states")
-        k = _opt_int(self.name, "branching", self.opts["branching"], 1)
+        k = check_int(_opt(self.name, "branching"), self.opts["branching"], 1)
         if k > self.n_states:
             raise ValueError(f"task 'markov': option branching={k} is invalid: expected at most "
                              f"n_states={self.n_states}")
-        g = torch.Generator().manual_seed(_opt_int(self.name, "chain_seed", self.opts["chain_seed"], 0))
+        g = torch.Generator().manual_seed(check_int(_opt(self.name, "chain_seed"), self.opts["chain_seed"], 0))
         succ = _distinct(self.n_states, k, self.n_states, g)
         w = -torch.log(torch.rand(self.n_states, k, generator=g, dtype=torch.float64).clamp_min(1e-300))
         self.transition = torch.zeros(self.n_states, self.n_states, dtype=torch.float64)
@@ -284,9 +272,10 @@ class Text(Task):
         super().__init__(d_vocab, n_ctx, seq_len, options)
         if d_vocab != 256:
             raise ValueError(f"task 'text' is byte-level: expected d_vocab=256, the model has d_vocab={d_vocab}")
-        frac = _opt_float(self.name, "val_fraction", self.opts["val_fraction"], 0.0, 1.0)
+        frac = float(check_number(_opt(self.name, "val_fraction"), self.opts["val_fraction"], 0.0, 1.0,
+                                  high_inclusive=False, expected="a number in (0.0, 1.0)"))
         mb = self.opts["max_bytes"]
-        mb = None if mb is None else _opt_int(self.name, "max_bytes", mb, 1)
+        mb = None if mb is None else check_int(_opt(self.name, "max_bytes"), mb, 1)
         self.corpus = load_corpus(self.opts["paths"], frac, mb)
         for split, data in self.corpus.items():
             if len(data) < self.seq_len:
