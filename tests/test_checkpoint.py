@@ -90,26 +90,34 @@ def test_rows_written_after_the_checkpoint_are_replaced_not_duplicated(tmp_path,
 
 
 def test_interrupted_swaps_are_recovered(tmp_path):
-    train(MODEL, CFG.replace(steps=4), tmp_path, stop_after=2, progress=False)
-    ckpt = tmp_path / "checkpoint"
+    run = tmp_path / "run"
+    train(MODEL, CFG.replace(steps=4), run, stop_after=2, progress=False)
+    ckpt = run / "checkpoint"
+    step2 = shutil.copytree(ckpt, tmp_path / "step2")  # kept aside to play the previous checkpoint
     # Killed while writing: a partial checkpoint.tmp next to the good checkpoint is ignored.
-    (tmp_path / TMP).mkdir()
-    (tmp_path / TMP / "model.safetensors").write_bytes(b"\x00" * 5)
-    assert read_state(tmp_path)["step"] == 2
-    # Killed between the two renames: checkpoint/ gone, checkpoint.old/ and a complete tmp left.
-    shutil.rmtree(tmp_path / TMP)
-    shutil.copytree(ckpt, tmp_path / TMP)
-    os.rename(ckpt, tmp_path / OLD)
-    assert read_state(tmp_path)["step"] == 2 and isinstance(load_run(tmp_path), Transformer)
+    (run / TMP).mkdir()
+    (run / TMP / "model.safetensors").write_bytes(b"\x00" * 5)
+    assert read_state(run)["step"] == 2
+    shutil.rmtree(run / TMP)
+    train(MODEL, CFG.replace(steps=4), run, resume=True, progress=False)
+    step4 = weights(run)
+    # Killed between the two renames: checkpoint/ gone, the new (step 4) complete in checkpoint.tmp/ and
+    # the previous (step 2) in checkpoint.old/. The two steps differ, so reading the wrong folder fails.
+    os.rename(ckpt, run / TMP)
+    shutil.copytree(step2, run / OLD)
+    assert read_state(run)["step"] == 4
+    assert all(torch.equal(step4[k], v) for k, v in weights(run).items())
     assert not ckpt.exists(), "readers never rename: a writer may be mid-swap"
-    finish_swap(tmp_path)
-    assert ckpt.is_dir() and not (tmp_path / OLD).exists() and not (tmp_path / TMP).exists()
-    # ... or with only checkpoint.old/ left: the previous checkpoint is read, and the next write restores order.
-    os.rename(ckpt, tmp_path / OLD)
-    assert read_state(tmp_path)["step"] == 2
-    df = train(MODEL, CFG.replace(steps=4), tmp_path, resume=True, progress=False)
-    assert df["step"].max() == 4 and read_state(tmp_path)["step"] == 4
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.csv"]
+    finish_swap(run)
+    assert ckpt.is_dir() and not (run / OLD).exists() and not (run / TMP).exists()
+    assert read_state(run)["step"] == 4
+    # ... or with only checkpoint.old/ (step 2) left: it is read, and the next write restores order.
+    shutil.rmtree(ckpt)
+    shutil.copytree(step2, run / OLD)
+    assert read_state(run)["step"] == 2
+    df = train(MODEL, CFG.replace(steps=4), run, resume=True, progress=False)
+    assert df["step"].max() == 4 and read_state(run)["step"] == 4
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "metrics.csv"]
 
 
 def test_an_existing_run_is_refused_unless_resume_or_overwrite(tmp_path):
