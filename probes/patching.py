@@ -1,0 +1,138 @@
+"""Activation patching of the residual stream over layers x positions, batched.
+
+Activation patching (Meng et al. 2022, "Locating and Editing Factual Associations in GPT", §2.1;
+Wang et al. 2022, the IOI circuit) runs the model on a *corrupted* input while one activation is
+replaced by its value on the *clean* input; how far a metric moves back towards its clean value
+says how much that activation carries. Here the activation is ``blocks.{l}.hook_resid_pre`` at
+one position, for every layer l and position p: the table TransformerLens's
+``patching.get_act_patch_resid_pre`` computes with one forward pass per (l, p).
+
+Speed. For layer l, every position's patch rides in one forward pass (the corrupted batch
+repeated once per position, position-major). On models whose ``forward`` can stop and start at a
+layer (``stop_at_layer``/``start_at_layer``), the corrupted residual entering layer l is computed
+once and the patched passes start there: layers before l are the same in every patched run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from probes._validate import model_info
+from probes.gates import eval_mode, rows_per_pass
+
+Metric = Callable[[Tensor], Tensor]  # logits [batch, pos, d_vocab] -> a scalar tensor
+
+
+def resid_hook(layer: int) -> str:
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def _check(clean: object, corrupted: object, d_vocab: int, metric: object) -> tuple[Tensor, Tensor]:
+    for name, t in (("clean_tokens", clean), ("corrupted_tokens", corrupted)):
+        if not isinstance(t, Tensor) or t.ndim != 2 or t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise ValueError(f"{name} is invalid: expected an integer tensor [batch, pos], got "
+                             f"{type(t).__name__}{tuple(t.shape) if isinstance(t, Tensor) else ''}")
+        if t.numel() == 0 or int(t.min()) < 0 or int(t.max()) >= d_vocab:
+            raise ValueError(f"{name} is invalid: expected a non-empty tensor of token ids in [0, {d_vocab})")
+    assert isinstance(clean, Tensor) and isinstance(corrupted, Tensor)
+    if clean.shape != corrupted.shape:
+        raise ValueError(f"clean_tokens {tuple(clean.shape)} and corrupted_tokens {tuple(corrupted.shape)} "
+                         "have different shapes: expected the same [batch, pos]")
+    if not callable(metric):
+        raise TypeError(f"metric={metric!r} is invalid: expected a callable logits -> scalar tensor")
+    return clean, corrupted
+
+
+def _forward(model: Any, x: Tensor, hooks: list, **kwargs: Any) -> Tensor:
+    """One forward pass with temporary hooks added straight onto the HookPoints and removed after."""
+    added = []
+    try:
+        for name, fn in hooks:
+            point = model.hook_dict[name]
+            added.append((point, point.add_hook(fn, dir="fwd")))
+        return model(x, **kwargs)
+    finally:
+        for point, handle in added:
+            handle.hook.remove()
+            point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
+
+
+def _patch_fn(clean_resid: Tensor, positions: Sequence[int], b: int) -> Callable:
+    """A resid_pre hook: copy ``i`` of the position-major batch takes the clean residual at ``positions[i]``."""
+
+    def fn(resid: Tensor, hook: Any) -> Tensor:
+        out = resid.clone()
+        for i, p in enumerate(positions):
+            out[i * b:(i + 1) * b, p] = clean_resid[:, p].to(out.dtype)
+        return out
+
+    return fn
+
+
+@torch.no_grad()
+def patch_residual(model: Any, clean_tokens: Tensor, corrupted_tokens: Tensor,
+                   metric: Metric, *, layers: Optional[Sequence[int]] = None,
+                   positions: Optional[Sequence[int]] = None,
+                   batch_size: Optional[int] = None) -> Float[Tensor, "n_layers pos"]:
+    """``metric`` of the corrupted run with ``hook_resid_pre`` of layer l at position p patched from the clean run.
+
+    Returns ``[n_layers, pos]`` float64 (entries outside ``layers``/``positions`` are NaN), the same
+    numbers as TransformerLens's ``patching.get_act_patch_resid_pre(model, corrupted, clean_cache,
+    metric)``. ``metric`` maps logits ``[batch, pos, d_vocab]`` to a scalar; ``batch_size`` caps the
+    sequences per forward pass (default: about 32k tokens per pass). ``clean_tokens`` and
+    ``corrupted_tokens`` are ``[batch, pos]`` token ids of the same shape (validated here, before any
+    forward pass, with an error naming the value).
+    """
+    cfg = getattr(model, "cfg", None)
+    L, d_vocab = getattr(cfg, "n_layers", None), getattr(cfg, "d_vocab", None)
+    if not isinstance(L, int) or not isinstance(d_vocab, int):
+        model_info(model)  # raises the probes' error naming what the model lacks
+        raise TypeError(f"model {type(model).__name__} has no integer cfg.n_layers/cfg.d_vocab")
+    clean, corrupted = _check(clean_tokens, corrupted_tokens, d_vocab, metric)
+    b, pos = corrupted.shape
+    layers = list(range(L)) if layers is None else list(layers)
+    positions = list(range(pos)) if positions is None else list(positions)
+    bad = [x for x in layers if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < L]
+    if bad or not layers:
+        raise ValueError(f"layers={layers!r} is invalid: expected a non-empty list of integers in [0, {L})")
+    bad = [x for x in positions if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < pos]
+    if bad or not positions:
+        raise ValueError(f"positions={positions!r} is invalid: expected a non-empty list of integers in [0, {pos})")
+    missing = [resid_hook(x) for x in layers if resid_hook(x) not in getattr(model, "hook_dict", {})]
+    if missing:
+        raise TypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: residual patching "
+                        "reads and writes blocks.{l}.hook_resid_pre")
+    info = model_info(model)
+    device = info.device
+    clean, corrupted = clean.to(device), corrupted.to(device)
+    out = torch.full((L, pos), float("nan"), dtype=torch.float64)
+    per_pass = max(1, rows_per_pass(batch_size, pos) // b)
+    with eval_mode(model):
+        store: dict[str, Tensor] = {}
+
+        def saver(t: Tensor, hook: Any) -> None:
+            store[hook.name] = t.detach().clone()
+
+        _forward(model, clean, [(resid_hook(x), saver) for x in layers])
+        corrupt_resid: list[Tensor] = []
+        if info.prefix_reuse:  # corrupted residual entering every layer, computed once
+            corrupt_resid.append(model(corrupted, stop_at_layer=0))
+            for layer in range(max(layers)):
+                corrupt_resid.append(model(corrupt_resid[layer], start_at_layer=layer, stop_at_layer=layer + 1))
+        for layer in layers:
+            for j in range(0, len(positions), per_pass):
+                chunk = positions[j:j + per_pass]
+                k = len(chunk)
+                hooks = [(resid_hook(layer), _patch_fn(store[resid_hook(layer)], chunk, b))]
+                if info.prefix_reuse:
+                    logits = _forward(model, corrupt_resid[layer].repeat(k, 1, 1), hooks, start_at_layer=layer)
+                else:
+                    logits = _forward(model, corrupted.repeat(k, 1), hooks)
+                for i, p in enumerate(chunk):
+                    out[layer, p] = float(metric(logits[i * b:(i + 1) * b]))
+    return out

@@ -1,0 +1,220 @@
+"""The interpretability work users do, in attnlab and in what they would pick instead.
+
+Three tasks on one random Hugging Face GPT-2 (built in memory from a config), each written the way
+its library's documentation shows, all giving the same numbers (checked to 1e-4 before timing):
+
+- cache every attention pattern: attnlab ``run_with_cache``; TransformerLens's bridge
+  ``run_with_cache``; nnsight a trace saving every attention module's weights (eager attention);
+- leave-one-out ablation of every head (the loss change when its ``hook_z`` slice is zeroed):
+  attnlab ``probes.head_importance(method="ablation")`` (batched masks, prefix reuse); the bridge
+  one ``run_with_hooks`` per head; nnsight one trace per head setting the head's slice of the
+  output projection's input to zero;
+- activation patching of the residual stream over layers x positions (corrupted run, one
+  position's ``resid_pre`` taken from the clean run; metric: the answer's log-probability at the
+  last position): attnlab ``probes.patch_residual``; the bridge TransformerLens's
+  ``patching.get_act_patch_resid_pre``; nnsight one trace per (layer, position) patching the
+  block's input.
+
+attnlab runs GPT-2 as :func:`harness.model.convert.from_hf` converts it (the same weights in
+attnlab's ``Transformer``, logits equal to Hugging Face's to ~1e-5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
+
+TASKS = ("patterns", "loo_ablation", "resid_patching")
+ANSWER = 7  # the token whose last-position log-probability the patching metric reads
+
+
+def gpt2_models(shape: Shape, seed: int = 0) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """``(hf_for_nnsight, hf_for_bridge, hf_for_attnlab)``: three copies of the same random GPT-2.
+
+    Separate copies because the bridge replaces its model's submodules in place and nnsight needs
+    eager attention to expose the weights; dropout 0, eval mode.
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=shape.n_layers, n_embd=shape.d_model, n_head=shape.n_heads, n_positions=shape.n_ctx,
+                        vocab_size=shape.d_vocab, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=0, eos_token_id=0)
+    models = []
+    for _ in range(3):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            models.append(GPT2LMHeadModel(config).eval())
+    models[0].set_attn_implementation("eager")
+    return models[0], models[1], models[2]
+
+
+def _answer_logprob(logits: Tensor) -> Tensor:
+    # log-probabilities: compatibility mode may shift each position's logits by a constant
+    return logits[:, -1].float().log_softmax(-1)[:, ANSWER].mean()
+
+
+def _loss(logits: Tensor, tokens: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+class Attnlab:
+    """attnlab's calls: the probes on the converted model."""
+
+    name = "attnlab"
+
+    def __init__(self, hf: nn.Module):
+        from harness.model.convert import from_hf
+
+        self.model = from_hf(hf).eval()
+        self.n_layers, self.n_heads = self.model.cfg.n_layers, self.model.cfg.n_heads
+
+    def patterns(self, tokens: Tensor) -> Tensor:
+        with torch.no_grad():
+            _, cache = self.model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+        return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(self.n_layers)])
+
+    def loo_ablation(self, tokens: Tensor) -> Tensor:
+        import probes
+
+        imp = probes.head_importance(self.model, tokens, method="ablation")
+        return torch.tensor(imp["loss_delta"].to_numpy()).view(self.n_layers, self.n_heads)
+
+    def resid_patching(self, clean: Tensor, corrupted: Tensor) -> Tensor:
+        import probes.patching
+
+        return probes.patching.patch_residual(self.model, clean, corrupted, _answer_logprob)
+
+
+class Bridge:
+    """TransformerLens's ``TransformerBridge`` (compatibility mode), its documented calls."""
+
+    name = "bridge"
+
+    def __init__(self, hf: nn.Module):
+        from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+        self.model = build_bridge_from_module(hf, "GPT2LMHeadModel", hf_config=hf.config)
+        self.model.enable_compatibility_mode()
+        self.model.eval()
+        self.n_layers, self.n_heads = hf.config.n_layer, hf.config.n_head
+
+    def _logits(self, out: Any) -> Tensor:
+        return out if isinstance(out, Tensor) else out.logits
+
+    def patterns(self, tokens: Tensor) -> Tensor:
+        with torch.no_grad():
+            _, cache = self.model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+        return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(self.n_layers)])
+
+    def loo_ablation(self, tokens: Tensor) -> Tensor:
+        out = torch.empty(self.n_layers, self.n_heads, dtype=torch.float64)
+        with torch.no_grad():
+            base = float(_loss(self._logits(self.model(tokens)), tokens))
+            for layer in range(self.n_layers):
+                for head in range(self.n_heads):
+                    def ablate(z: Tensor, hook: Any, head: int = head) -> Tensor:
+                        z[:, :, head] = 0
+                        return z
+                    logits = self.model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate)])
+                    out[layer, head] = float(_loss(self._logits(logits), tokens)) - base
+        return out
+
+    def resid_patching(self, clean: Tensor, corrupted: Tensor) -> Tensor:
+        from transformer_lens import patching
+
+        with torch.no_grad():
+            _, cache = self.model.run_with_cache(clean, names_filter=lambda n: n.endswith("hook_resid_pre"))
+            metric = lambda out: _answer_logprob(self._logits(out))  # noqa: E731
+            return patching.get_act_patch_resid_pre(self.model, corrupted, cache, metric).double().cpu()
+
+
+class Nnsight:
+    """nnsight's ``NNsight`` wrapper around the Hugging Face model, traces as its tutorials write them."""
+
+    name = "nnsight"
+
+    def __init__(self, hf: nn.Module):
+        from nnsight import NNsight
+
+        self.model = NNsight(hf)
+        self.n_layers, self.n_heads = hf.config.n_layer, hf.config.n_head
+        self.d_head = hf.config.n_embd // hf.config.n_head
+
+    def patterns(self, tokens: Tensor) -> Tensor:
+        saved = []
+        with torch.no_grad(), self.model.trace(tokens):
+            for layer in range(self.n_layers):
+                saved.append(self.model.transformer.h[layer].attn.output[1].save())
+        return torch.stack(list(saved))
+
+    def loo_ablation(self, tokens: Tensor) -> Tensor:
+        out = torch.empty(self.n_layers, self.n_heads, dtype=torch.float64)
+        d = self.d_head
+        with torch.no_grad():
+            with self.model.trace(tokens):
+                base_logits = self.model.lm_head.output.save()
+            base = float(_loss(base_logits, tokens))
+            for layer in range(self.n_layers):
+                for head in range(self.n_heads):
+                    with self.model.trace(tokens):
+                        self.model.transformer.h[layer].attn.c_proj.input[:, :, head * d:(head + 1) * d] = 0
+                        logits = self.model.lm_head.output.save()
+                    out[layer, head] = float(_loss(logits, tokens)) - base
+        return out
+
+    def resid_patching(self, clean: Tensor, corrupted: Tensor) -> Tensor:
+        pos = clean.shape[1]
+        out = torch.empty(self.n_layers, pos, dtype=torch.float64)
+        clean_in = []
+        with torch.no_grad():
+            with self.model.trace(clean):
+                for layer in range(self.n_layers):
+                    clean_in.append(self.model.transformer.h[layer].input.save())
+            for layer in range(self.n_layers):
+                for p in range(pos):
+                    with self.model.trace(corrupted):
+                        self.model.transformer.h[layer].input[:, p] = clean_in[layer][:, p]
+                        logits = self.model.lm_head.output.save()
+                    out[layer, p] = float(_answer_logprob(logits))
+        return out
+
+
+def corrupt(tokens: Tensor, d_vocab: int) -> Tensor:
+    """The corrupted input: every sequence's first token replaced by another id."""
+    out = tokens.clone()
+    out[:, 0] = (out[:, 0] + d_vocab // 2) % d_vocab
+    return out
+
+
+def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = TASKS) -> list[Row]:
+    """One row per (task, peer): the peer's time / attnlab's time, goal >= 1.5 (issue 12)."""
+    hf_nn, hf_bridge, hf_ours = gpt2_models(shape)
+    contenders = [Attnlab(hf_ours), Bridge(hf_bridge), Nnsight(hf_nn)]
+    tokens = shape.tokens(torch.device("cpu"))
+    corrupted = corrupt(tokens, shape.d_vocab)
+    calls: dict[str, Callable[[Any], Callable[[], Tensor]]] = {
+        "patterns": lambda c: lambda: c.patterns(tokens),
+        "loo_ablation": lambda c: lambda: c.loo_ablation(tokens),
+        "resid_patching": lambda c: lambda: c.resid_patching(tokens, corrupted),
+    }
+    rows = []
+    for task in tasks:
+        fns = {c.name: calls[task](c) for c in contenders}
+        results = {name: fn() for name, fn in fns.items()}  # also the warm-up
+        for name in ("bridge", "nnsight"):
+            err = float((results[name].double().cpu() - results["attnlab"].double().cpu()).abs().max())
+            checks[f"{task}_{name}_max_abs"] = err
+            if not err <= 1e-4:
+                raise AssertionError(f"{task}: {name} and attnlab disagree by {err:.3g} (> 1e-4): "
+                                     "the timing would compare different computations")
+        times = interleaved_times(fns, rounds=rounds, warmup=0)
+        med = medians(times)
+        for name in ("bridge", "nnsight"):
+            rows.append(Row(f"{task} vs {name}, GPT-2 {shape.label}", med["attnlab"], med[name], "s",
+                            paired_ratio(times, name, "attnlab"), ">=", 1.5))
+    return rows
