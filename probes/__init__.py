@@ -18,11 +18,11 @@ Results are pandas DataFrames / Series.
 
 from probes.entropy import attention_entropy
 from probes.importance import head_importance
-from probes.patching import patch_residual
 from probes.l0_gates import L0Options
+from probes.patching import patch_residual
 from probes.pruning import prune_curve, redundancy
 from probes.roles import head_roles
 from probes.similarity import head_similarity
 
-__all__ = ["head_importance", "patch_residual", "L0Options", "prune_curve", "redundancy", "head_similarity", "head_roles",
-           "attention_entropy"]
+__all__ = ["head_importance", "patch_residual", "L0Options", "prune_curve", "redundancy", "head_similarity",
+           "head_roles", "attention_entropy"]
