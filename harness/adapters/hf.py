@@ -1,0 +1,288 @@
+"""HFAdapter: any Hugging Face ``PreTrainedModel`` (causal or masked LM) behind the model protocol.
+
+The adapter observes the model and never reimplements it: ``forward`` calls the model's own
+forward, so its logits are the model's (a user's patch of the modeling code stays visible).
+Hook points are fired from the model's modules (see :mod:`harness.adapters.hf_routes` for the
+two routes): decoder-layer inputs and outputs give ``hook_resid_pre``/``hook_resid_post``, the
+attention function registered with transformers' AttentionInterface (or module hooks on older
+architectures) gives the attention hooks. A hook that returns a tensor replaces the activation
+in the model, as in TransformerLens. The model's declared design is ``cfg``
+(:class:`~harness.adapters.hf_design.HFDesign`).
+
+The adapter points the wrapped model at ``attnlab_<kernel>`` (its attention implementation) and
+hooks its modules: wrap a model you do not need unwrapped afterwards, and wrap it once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from harness.adapters import hf_attention as attention
+from harness.adapters import hf_routes as routes
+from harness.adapters.hf_design import HFDesign, position_embedding_module, read_design
+
+ATTN_POINTS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores", "hook_pattern", "hook_z")
+
+
+class _Attn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        for name in ATTN_POINTS:  # q/k/v/rot/z: [batch, pos, n_heads, d_head]; scores/pattern: [batch, n_heads, q, k]
+            setattr(self, name, HookPoint())
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.attn = _Attn()
+
+
+class _LnFinal(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+
+def _busy(point: HookPoint) -> bool:
+    return bool(point._forward_hooks or point._backward_hooks)
+
+
+def _first(output: Any) -> Tensor:
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _replace_first(output: Any, tensor: Tensor) -> Any:
+    return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+
+
+def _is_pretrained(model: Any) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+class HFAdapter(HookedRootModule):
+    """A ``transformers.PreTrainedModel`` behind the protocol's ``forward``, ``cfg`` and hook names.
+
+    ``adapter.route`` says how the attention hooks are reached ("attention_interface" or
+    "module_hooks"); ``adapter.hf_model`` is the wrapped model.
+    """
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        if not _is_pretrained(hf_model):
+            raise TypeError(f"HFAdapter expects a transformers.PreTrainedModel, got {type(hf_model).__name__}")
+        config = hf_model.config
+        arch = getattr(config, "model_type", type(hf_model).__name__)
+        supported = ", ".join(routes.TABLE_ARCHS)
+        layers = routes.find_layers(hf_model, getattr(config.get_text_config(), "num_hidden_layers", None))
+        attns = [routes.attention_module(layer) for layer in layers] if layers is not None else []
+        if getattr(config, "is_encoder_decoder", False) or layers is None or any(a is None for a in attns):
+            raise TypeError(f"architecture {arch!r} ({type(hf_model).__name__}) is not supported by HFAdapter: it "
+                            f"has no stack of attention blocks the adapter can find (encoder-decoder models are not "
+                            f"supported); supported architectures: {supported}")
+        self.hf_model = hf_model.eval()
+        self._layers, self._attns = layers, attns
+        self._outs = [routes.out_projection(layer) for layer in layers]
+        d_head = self._head_dim(attns[0], config)
+        self._cfg = read_design(hf_model, attns, d_head)
+        self.route = self._choose_route(hf_model, attns)
+        if self.route == routes.MODULE_HOOKS and any(o is None for o in self._outs):
+            raise TypeError(f"architecture {arch!r} does not dispatch through transformers' AttentionInterface and "
+                            f"has no attention output projection to hook; supported architectures: {supported}")
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList([_Block() for _ in layers])
+        self.ln_final = _LnFinal()
+        self._params = set(inspect.signature(hf_model.forward).parameters)
+        self._taps: list[attention.LayerTap] = []
+        self._install()
+        self.setup()
+        self._smoke()
+
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module) -> HFAdapter:
+        return cls(hf_model)
+
+    @property
+    def cfg(self) -> HFDesign:
+        return self._cfg
+
+    @staticmethod
+    def _head_dim(attn: nn.Module, config: Any) -> int:
+        for name in ("head_dim", "head_size", "attention_head_size"):
+            value = getattr(attn, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        text = config.get_text_config()
+        return int(text.hidden_size // text.num_attention_heads)
+
+    def _choose_route(self, hf_model: nn.Module, attns: list) -> str:
+        if not all(routes.uses_interface(a) for a in attns):
+            return routes.MODULE_HOOKS
+        current = hf_model.config._attn_implementation or "sdpa"
+        base = routes.base_kernel(current)
+        name = routes.register_kernel(base)
+        if current != name:
+            hf_model.set_attn_implementation(name)
+        if hf_model.config._attn_implementation != name:
+            return routes.MODULE_HOOKS
+        self._base = base
+        return routes.INTERFACE
+
+    # ---- wiring the model's modules to the hook points -------------------------------------------------
+    def _install(self) -> None:
+        hf, cfg = self.hf_model, self._cfg
+        self._handles: list = []
+        self._handles.append(hf.get_input_embeddings().register_forward_hook(self._out_hook(self.hook_embed)))
+        table = position_embedding_module(hf)
+        if table is not None and cfg.positional_embedding_type in ("standard", "sinusoidal"):
+            self._handles.append(table.register_forward_hook(self._out_hook(self.hook_pos_embed)))
+        norm = routes.final_norm(hf, self._layers)
+        if norm is not None:
+            self._handles.append(norm.register_forward_hook(self._out_hook(self.ln_final.hook_normalized)))
+        parts = zip(self._layers, self._attns, self._outs, self.blocks, strict=True)
+        for layer, (module, attn, out, block) in enumerate(parts):
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(block.hook_resid_pre),
+                                                                  with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._out_hook(block.hook_resid_post)))
+            if out is not None:
+                self._handles.append(out.register_forward_hook(self._out_hook(block.hook_attn_out)))
+            points = {name: getattr(block.attn, name) for name in ATTN_POINTS}
+            if self.route == routes.INTERFACE:
+                tap = attention.LayerTap(layer, points, self._base, cfg.positional_embedding_type == "rotary",
+                                         cfg.d_head)
+                attention.TAPS[attn] = tap
+                self._taps.append(tap)
+                if tap.rotary:
+                    attention.install_rotary_tap(attn)
+                self._handles.append(attn.register_forward_pre_hook(self._enter(tap)))
+                self._handles.append(attn.register_forward_hook(self._leave, always_call=True))
+            else:
+                self._handles.append(out.register_forward_pre_hook(self._z_hook(block.attn.hook_z)))
+                self._handles.append(attn.register_forward_hook(self._pattern_hook(block.attn.hook_pattern)))
+
+    @staticmethod
+    def _enter(tap: attention.LayerTap) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            module._attnlab_token = attention.CURRENT.set(tap)
+        return hook
+
+    @staticmethod
+    def _leave(module: nn.Module, args: Any, output: Any) -> None:
+        token = module.__dict__.pop("_attnlab_token", None)
+        if token is not None:
+            attention.CURRENT.reset(token)
+
+    @staticmethod
+    def _out_hook(point: HookPoint) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            if not _busy(point):
+                return None
+            x = _first(output)
+            y = point(x)
+            return None if y is x else _replace_first(output, y)
+        return hook
+
+    @staticmethod
+    def _pre_hook(point: HookPoint) -> Any:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+            if not _busy(point):
+                return None
+            if args:
+                y = point(args[0])
+                return None if y is args[0] else ((y, *args[1:]), kwargs)
+            x = kwargs["hidden_states"]
+            y = point(x)
+            return None if y is x else (args, {**kwargs, "hidden_states": y})
+        return hook
+
+    def _z_hook(self, point: HookPoint) -> Any:
+        n_heads = self._cfg.n_heads
+
+        def hook(module: nn.Module, args: tuple) -> Any:
+            if not _busy(point):
+                return None
+            merged = args[0]  # [batch, pos, n_heads * d_head]
+            y = point(merged.unflatten(-1, (n_heads, -1)))
+            return (y.flatten(-2), *args[1:])
+        return hook
+
+    @staticmethod
+    def _pattern_hook(point: HookPoint) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            # read-only: the pattern was already used by the time the module returns it
+            if _busy(point) and isinstance(output, tuple) and len(output) > 1 and isinstance(output[1], Tensor) \
+                    and output[1].ndim == 4:
+                point(output[1])
+        return hook
+
+    # ---- forward --------------------------------------------------------------------------------------
+    def position_ids(self, mask: Int[Tensor, "batch pos"], position_offset: int) -> Int[Tensor, "batch pos"]:  # noqa: F722
+        """The ids passed to the model: offset + real tokens before each token (+ the table offset it expects)."""
+        ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)
+        table = position_embedding_module(self.hf_model)
+        # OPT adds its offset to the ids it is given; RoBERTa-style tables expect ids already offset
+        if self._cfg.pos_offset and not isinstance(getattr(table, "offset", None), int):
+            ids = ids + self._cfg.pos_offset
+        return ids
+
+    def forward(self, tokens: Int[Tensor, "batch pos"], attention_mask: Optional[Tensor] = None,  # noqa: F722
+                position_offset: int = 0) -> Float[Tensor, "batch pos d_vocab"]:  # noqa: F722
+        cfg = self._cfg
+        if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
+        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
+            raise ValueError(f"position_offset={position_offset!r} is invalid: expected an integer >= 0")
+        if attention_mask is None:
+            mask = torch.ones_like(tokens)
+        else:
+            if tuple(attention_mask.shape) != tuple(tokens.shape):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
+                                 f"[batch, pos] = {tuple(tokens.shape)}")
+            mask = attention_mask.long()
+        kwargs: dict[str, Any] = {"attention_mask": mask}
+        ids = self.position_ids(mask, position_offset)
+        if "position_ids" in self._params:
+            if cfg.positional_embedding_type == "standard" and int(ids.max()) - cfg.pos_offset >= cfg.n_ctx:
+                raise ValueError(f"position {int(ids.max()) - cfg.pos_offset} is past the learned position table: "
+                                 f"expected positions < n_ctx={cfg.n_ctx}")
+            kwargs["position_ids"] = ids
+        elif position_offset and cfg.positional_embedding_type not in ("alibi", "none"):
+            raise ValueError(f"position_offset={position_offset} cannot be given to {cfg.arch}: its forward takes "
+                             f"no position_ids; expected position_offset=0")
+        # alibi models without position_ids (Bloom, MPT) number keys from the mask; an offset would shift every
+        # key of a query by the same slope * offset, which softmax cannot see, so it is dropped exactly.
+        if "use_cache" in self._params:
+            kwargs["use_cache"] = False
+        if self.route == routes.MODULE_HOOKS and "output_attentions" in self._params and \
+                any(_busy(b.attn.hook_pattern) for b in self.blocks):
+            kwargs["output_attentions"] = True
+        return self.hf_model(input_ids=tokens, **kwargs).logits
+
+    def _smoke(self) -> None:
+        """A plain two-token forward before any use: a model that raises gets one error naming the exception."""
+        n = min(2, self._cfg.n_ctx)
+        tokens = torch.zeros(1, n, dtype=torch.long, device=self._cfg.device)
+        try:
+            with torch.no_grad():
+                logits = self(tokens)
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's model is reported as one error
+            raise ValueError(f"{self._cfg.arch} model ({type(self.hf_model).__name__}) raised "
+                             f"{type(exc).__name__} on a plain {n}-token input: {exc}") from exc
+        if tuple(logits.shape) != (1, n, self._cfg.d_vocab):
+            raise TypeError(f"{self._cfg.arch} model returned logits {tuple(logits.shape)}: expected "
+                            f"[batch, pos, d_vocab] = {(1, n, self._cfg.d_vocab)} (a causal or masked LM head)")

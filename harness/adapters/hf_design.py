@@ -1,0 +1,209 @@
+"""The declared design of a Hugging Face model, read off its config and modules (``HFAdapter.cfg``).
+
+Besides the protocol fields (shared/DESIGN.md) the design records where a model departs from
+the textbook attention of Vaswani et al. 2017, so that the property checks can follow what
+the model declares instead of one formula: the scale actually used, soft-capping, a sliding
+window per layer, partial or interleaved rotary, learned-position offsets, q/k norms and the
+ALiBi form. Values are read from the attention modules where the modeling code keeps them
+(``module.scaling``, ``module.sliding_window``, ``module.rotary_ndims`` ...), from the config
+otherwise; a fact the model does not have is None.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from torch import nn
+
+# Architectures whose ALiBi bias is slope * key_index (Bloom's build_alibi_tensor, Falcon's copy
+# of it, MPT's slope * (key - last)): it differs from Press et al.'s slope * (key - query) by a
+# per-query constant, which softmax cannot see.
+_ABSOLUTE_KEY_ALIBI = ("bloom", "falcon", "mpt")
+# Learned position tables whose first real row is not 0 (fairseq's padding convention).
+_ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert", "xmod", "roberta-prelayernorm", "data2vec-text")
+# GPT-Neo computes raw q.k (no 1/sqrt(d_head)): its attention modules keep no scale attribute.
+_UNSCALED = ("gpt_neo",)
+
+
+@dataclass(frozen=True)
+class HFDesign:
+    """``cfg`` of an :class:`~harness.adapters.hf.HFAdapter`: protocol fields plus the model's design facts."""
+
+    n_layers: int
+    n_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    positional_embedding_type: str  # "standard" (learned) / "sinusoidal" / "rotary" / "alibi" / "none"
+    attention_dir: str  # "causal" / "bidirectional"
+    n_key_value_heads: int
+    device: str
+    arch: str  # the HF config's model_type
+    attn_scale: float  # layer 0's entry of attn_scales
+    attn_scales: tuple[float, ...]  # per layer: the factor q.k is multiplied by before the softmax
+    attn_softcap: Optional[float]  # Gemma 2: scores -> softcap * tanh(scores / softcap)
+    sliding_window: tuple[Optional[int], ...]  # per layer; None = global attention
+    rotary_dim: Optional[int]  # dimensions of each head that rotate (partial rotary: < d_head)
+    rotary_style: Optional[str]  # "half" (rotate_half: Llama, NeoX) / "interleaved" (GPT-J, CodeGen)
+    rotary_base: Optional[float]
+    pos_offset: int  # row of the learned position table that position 0 reads (OPT 2, RoBERTa pad+1)
+    qk_norm: bool  # q/k normalised per head before the rotation (Qwen3, OLMo2, Gemma 3)
+    alibi: bool
+    alibi_style: Optional[str]  # "absolute_key" (slope * key index) / "relative" (slope * (key - query))
+    normalization_type: Optional[str] = None
+    adapter: str = "HFAdapter"
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _int(config: Any, *names: str) -> Optional[int]:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _rope(config: Any) -> dict:
+    params = getattr(config, "rope_parameters", None)
+    return params if isinstance(params, dict) else {}
+
+
+def _modeling_module(attn: Optional[nn.Module]) -> Any:
+    return sys.modules.get(type(attn).__module__) if attn is not None else None
+
+
+def positional_type(config: Any, hf_model: nn.Module, attn: Optional[nn.Module]) -> str:
+    """Which positional scheme the model uses, from its config and modeling code."""
+    arch = getattr(config, "model_type", "")
+    if arch == "bloom" or (arch == "falcon" and getattr(config, "alibi", False)):
+        return "alibi"
+    if arch == "mpt" and getattr(getattr(config, "attn_config", None), "alibi", False):
+        return "alibi"
+    module = _modeling_module(attn)
+    if module is not None and hasattr(module, "apply_rotary_pos_emb"):
+        return "rotary"
+    for sub in hf_model.modules():
+        if "Sinusoidal" in type(sub).__name__:
+            return "sinusoidal"
+    if position_embedding_module(hf_model) is not None:
+        return "standard"
+    return "none"
+
+
+def position_embedding_module(hf_model: nn.Module) -> Optional[nn.Module]:
+    """The learned (or sinusoidal) position table module, if the model has one outside attention."""
+    for name, sub in hf_model.named_modules():
+        if name.rsplit(".", 1)[-1] in ("wpe", "embed_positions", "position_embeddings") and \
+                isinstance(sub, nn.Module) and "Rotary" not in type(sub).__name__:
+            return sub
+    return None
+
+
+def _scale(arch: str, attn: Optional[nn.Module], d_head: int) -> float:
+    if arch in _UNSCALED:
+        return 1.0
+    for name in ("scaling", "inv_norm_factor", "softmax_scale", "scale_attn"):
+        value = getattr(attn, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    # OpenAI GPT keeps a bool ``scale``; most others scale by 1/sqrt(d_head) (Vaswani et al. eq. 1)
+    if getattr(attn, "scale", True) is False:
+        return 1.0
+    return 1.0 / math.sqrt(d_head)
+
+
+def _sliding(config: Any, attn: Optional[nn.Module], layer: int) -> Optional[int]:
+    if attn is not None and hasattr(attn, "sliding_window"):
+        value = attn.sliding_window
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    layers = getattr(config, "attention_layers", None)  # GPT-Neo: "global" / "local"
+    if isinstance(layers, (list, tuple)) and layer < len(layers):
+        return getattr(config, "window_size", None) if layers[layer] == "local" else None
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if isinstance(types, (list, tuple)) and layer < len(types):
+        return window if types[layer] == "sliding_attention" else None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return window if isinstance(window, int) and not isinstance(window, bool) else None
+
+
+def _rotary_dim(config: Any, attn: Optional[nn.Module], d_head: int) -> int:
+    for name in ("rotary_ndims", "rotary_dim"):
+        value = getattr(attn, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    factor = _rope(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if factor is None:
+        factor = getattr(config, "rotary_pct", 1.0)
+    return int(d_head * float(factor))
+
+
+def _pos_offset(arch: str, hf_model: nn.Module) -> int:
+    table = position_embedding_module(hf_model)
+    offset = getattr(table, "offset", None)
+    if isinstance(offset, int):
+        return offset  # OPTLearnedPositionalEmbedding adds it to every position id itself
+    if arch in _ROBERTA_LIKE:
+        pad = getattr(getattr(hf_model, "config", None), "pad_token_id", None)
+        return (pad or 0) + 1
+    return 0
+
+
+def _norm_type(hf_model: nn.Module) -> Optional[str]:
+    names = {type(m).__name__ for m in hf_model.modules()}
+    if any("RMSNorm" in n for n in names):
+        return "RMS"
+    return "LN" if any("LayerNorm" in n for n in names) else None
+
+
+def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_head: int) -> HFDesign:
+    """The :class:`HFDesign` of ``hf_model``, given its per-layer attention modules and head size."""
+    config = _text_config(hf_model.config)
+    arch = str(getattr(config, "model_type", type(hf_model).__name__))
+    n_layers = len(attn_modules)
+    n_heads = _int(config, "num_attention_heads", "n_head", "n_heads")
+    if n_heads is None and hasattr(config, "attn_config"):
+        n_heads = _int(config, "n_heads")
+    d_model = _int(config, "hidden_size", "d_model", "n_embd")
+    n_kv = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv")
+    if arch == "falcon" and not getattr(config, "new_decoder_architecture", False):
+        n_kv = 1 if getattr(config, "multi_query", False) else n_heads
+    attn0 = attn_modules[0]
+    pos = positional_type(config, hf_model, attn0)
+    scales = tuple(_scale(arch, a, d_head) for a in attn_modules)
+    rotary = pos == "rotary"
+    module = _modeling_module(attn0)
+    style = None
+    if rotary:
+        style = "interleaved" if module is not None and hasattr(module, "rotate_every_two") else "half"
+    base = None
+    if rotary:
+        base = _rope(config).get("rope_theta", getattr(config, "rope_theta", getattr(config, "rotary_emb_base", None)))
+        base = float(base) if base is not None else 10000.0  # GPT-J/CodeGen hard-code 10000
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    causal = all(getattr(a, "is_causal", True) for a in attn_modules if a is not None)
+    n_ctx = _int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length") or 2048
+    qk_norm = any(getattr(attn0, name, None) is not None for name in ("q_norm", "q_layernorm"))
+    return HFDesign(
+        n_layers=n_layers, n_heads=int(n_heads), d_head=d_head, d_model=int(d_model),
+        d_vocab=int(config.vocab_size), n_ctx=n_ctx, positional_embedding_type=pos,
+        attention_dir="causal" if causal else "bidirectional", n_key_value_heads=int(n_kv or n_heads),
+        device=str(next((p.device for p in hf_model.parameters()), "cpu")), arch=arch,
+        attn_scale=scales[0], attn_scales=scales,
+        attn_softcap=float(softcap) if softcap is not None else None,
+        sliding_window=tuple(_sliding(config, a, i) for i, a in enumerate(attn_modules)),
+        rotary_dim=_rotary_dim(config, attn0, d_head) if rotary else None, rotary_style=style, rotary_base=base,
+        pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0,
+        qk_norm=qk_norm, alibi=pos == "alibi",
+        alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
+        normalization_type=_norm_type(hf_model),
+    )
