@@ -108,9 +108,28 @@ class HFAdapter(HookedRootModule):
         self.ln_final = _LnFinal()
         self._params = set(inspect.signature(hf_model.forward).parameters)
         self._taps: list[attention.LayerTap] = []
+        previous = hf_model.__dict__.get("_attnlab_adapter")
+        if previous is not None:  # one adapter per model: the older one stops observing
+            previous.detach()
         self._install()
         self.setup()
         self._smoke()
+        hf_model.__dict__["_attnlab_adapter"] = self  # not a submodule: no cycle in modules()
+
+    @classmethod
+    def of(cls, hf_model: nn.Module) -> HFAdapter:
+        """The adapter already wrapping ``hf_model``, or a new one (what :func:`harness.adapters.wrap` uses)."""
+        existing = getattr(hf_model, "__dict__", {}).get("_attnlab_adapter")
+        return existing if isinstance(existing, cls) and existing._handles else cls(hf_model)
+
+    def detach(self) -> None:
+        """Remove every hook this adapter put on the model's modules (the model keeps its attnlab_* kernel name)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for attn in self._attns:
+            if attention.TAPS.get(attn) in self._taps:
+                del attention.TAPS[attn]
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> HFAdapter:
