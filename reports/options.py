@@ -96,6 +96,20 @@ class Pair(click.ParamType):
         return a, b
 
 
+class JsonGrid(click.ParamType):
+    """``[[1,0],[1,1]]`` -> nested lists (TrainConfig checks the values)."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            self.fail(f"{value!r} is not JSON: expected a grid such as [[1,0],[1,1]]", param, ctx)
+
+
 comma_ints = CommaInts()
 NORM_CHOICES = {"LN": "LN", "RMS": "RMS", "none": None}
 
@@ -152,6 +166,11 @@ TRAIN_FIELDS: list[tuple[str, str, Any, str]] = [
     ("--device", "device", click.Choice(DEVICES), "Where to train."),
     ("--compile/--no-compile", "compile", None, "torch.compile the model (CUDA)."),
     ("--amp/--no-amp", "amp", None, "bf16 autocast on CUDA."),
+    ("--head-mask", "head_mask", JsonGrid(), "Heads held at zero: a JSON [n_layers][n_heads] grid of 0/1."),
+    ("--distill-from", "distill_from", click.Path(file_okay=False, path_type=str),
+     "Teacher run to distill from (Hinton et al. 2015)."),
+    ("--temperature", "temperature", float, "Distillation temperature T (needs --distill-from)."),
+    ("--alpha", "alpha", float, "Weight of the distillation loss; 1 = pure distillation (needs --distill-from)."),
 ]
 
 
