@@ -1,0 +1,216 @@
+"""Export a :class:`harness.Transformer` as a Hugging Face ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
+
+The inverse of :func:`harness.model.convert.from_hf`: learned absolute positions with pre-LayerNorm
+blocks are GPT-2 (Radford et al. 2019); rotary positions with pre-RMSNorm gated-MLP blocks are Llama
+(Touvron et al. 2023). Every field of the model's config is checked before a weight is copied: one
+that the target cannot reproduce exactly raises a ``ValueError`` naming the field and what the
+target would need, so an export never computes a silently different function.
+
+Where the two sides differ only in what they store, the export is still exact: a missing bias is
+written as zeros (GPT-2 always has biases; Llama's ``mlp_bias`` adds one to the gate projection,
+which ours lacks), and a head held at zero by a head mask (:mod:`harness.model.head_mask`) has
+its columns of the output projection zeroed, which removes its output exactly as ``hook_z = 0`` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from harness.model.config import ModelConfig
+from harness.model.head_mask import head_mask_of
+from harness.model.transformer import DTYPES, Transformer
+
+TARGETS = ("gpt2", "llama")
+
+# Ours -> the names transformers' ACT2FN knows for the same function.
+_ACT_NAMES = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "silu": "silu"}
+
+# Fields each target reproduces, as (field, the values it can take, what the target needs).
+# Fields not named here and not in _MAPPED must keep ModelConfig's default (a design a later
+# field declares is refused rather than dropped).
+_REQUIRED: dict[str, list[tuple[str, tuple, str]]] = {
+    "gpt2": [
+        ("normalization_type", ("LN",), "'LN' (GPT-2 uses LayerNorm)"),
+        ("norm_placement", ("pre",), "'pre' (GPT-2 normalizes before each sublayer; HF has no post-norm GPT-2)"),
+        ("positional_embedding_type", ("standard",), "'standard' (GPT-2's learned absolute positions)"),
+        ("attention_dir", ("causal",), "'causal' (GPT2LMHeadModel is a decoder)"),
+        ("attn_only", (False,), "False (every GPT-2 block has an MLP)"),
+        ("gated_mlp", (False,), "False (GPT-2's MLP is not gated)"),
+        ("use_attn_result", (False, True), ""),
+    ],
+    "llama": [
+        ("normalization_type", ("RMS",), "'RMS' (Llama uses RMSNorm)"),
+        ("norm_placement", ("pre",), "'pre' (Llama normalizes before each sublayer)"),
+        ("positional_embedding_type", ("rotary",), "'rotary' (Llama's RoPE)"),
+        ("attention_dir", ("causal",), "'causal' (LlamaForCausalLM is a decoder)"),
+        ("attn_only", (False,), "False (every Llama block has an MLP)"),
+        ("gated_mlp", (True,), "True (Llama's MLP is SwiGLU-style gated)"),
+        ("use_attn_scale", (True,), "True (Llama always scales scores by 1/sqrt(head_dim))"),
+        ("use_attn_result", (False, True), ""),
+    ],
+}
+_MAPPED = {"n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "rotary_base",
+           "use_attn_scale", "tie_embeddings", "n_key_value_heads", "attn_bias", "mlp_bias", "eps", "init_range",
+           "seed", "dtype"}
+
+
+def _refuse(name: str, value: Any, target: str, expected: str) -> ValueError:
+    return ValueError(f"to_hf: {name}={value!r} has no {target} equivalent: expected {expected}")
+
+
+def _choose(cfg: ModelConfig, target: Optional[str]) -> str:
+    if target is not None:
+        if target not in TARGETS:
+            raise ValueError(f"to_hf: target={target!r} is invalid: expected one of {list(TARGETS)} or None")
+        return target
+    pos = cfg.positional_embedding_type
+    if pos == "standard":
+        return "gpt2"
+    if pos == "rotary":
+        return "llama"
+    raise _refuse("positional_embedding_type", pos, "Hugging Face",
+                  "'standard' (GPT2LMHeadModel) or 'rotary' (LlamaForCausalLM)")
+
+
+def _check(cfg: ModelConfig, target: str) -> None:
+    name = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[target]
+    checked = set(_MAPPED)
+    for field, allowed, expected in _REQUIRED[target]:
+        checked.add(field)
+        value = getattr(cfg, field)
+        if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
+            raise _refuse(field, value, name, expected)
+    defaults = ModelConfig()
+    for f in dataclasses.fields(ModelConfig):
+        if f.name not in checked and getattr(cfg, f.name) != getattr(defaults, f.name):
+            raise _refuse(f.name, getattr(cfg, f.name), name, f"the default {getattr(defaults, f.name)!r}")
+    if cfg.act_fn not in _ACT_NAMES:
+        raise _refuse("act_fn", cfg.act_fn, name, f"one of {sorted(_ACT_NAMES)}")
+    if target == "gpt2":
+        if cfg.n_kv_heads != cfg.n_heads:
+            raise _refuse("n_key_value_heads", cfg.n_key_value_heads, name,
+                          f"None or n_heads={cfg.n_heads} (GPT-2 has no grouped-query attention)")
+        if cfg.d_head * cfg.n_heads != cfg.d_model:
+            raise _refuse("d_head", cfg.d_head, name, f"d_model / n_heads = {cfg.d_model / cfg.n_heads:g} "
+                          "(GPT-2 derives the head width from n_embd and n_head)")
+
+
+def _hf_config(cfg: ModelConfig, target: str) -> Any:
+    from transformers import GPT2Config, LlamaConfig
+
+    common = dict(vocab_size=cfg.d_vocab, tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_range,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if target == "gpt2":
+        return GPT2Config(n_layer=cfg.n_layers, n_embd=cfg.d_model, n_head=cfg.n_heads, n_inner=cfg.d_mlp,
+                          n_positions=cfg.n_ctx, activation_function=_ACT_NAMES[cfg.act_fn],
+                          layer_norm_epsilon=cfg.eps, scale_attn_weights=cfg.use_attn_scale,
+                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+    return LlamaConfig(num_hidden_layers=cfg.n_layers, hidden_size=cfg.d_model, num_attention_heads=cfg.n_heads,
+                       num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.d_head, intermediate_size=cfg.d_mlp,
+                       max_position_embeddings=cfg.n_ctx, hidden_act=_ACT_NAMES[cfg.act_fn],
+                       rms_norm_eps=cfg.eps, attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_bias,
+                       rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rotary_base)}, **common)
+
+
+def _put(dst: Tensor, src: Optional[Tensor]) -> None:
+    """Copy ``src`` into ``dst``; None (a bias ours does not have) writes zeros, the same function."""
+    if src is None:
+        dst.zero_()
+        return
+    if dst.shape != src.shape:
+        raise ValueError(f"to_hf: a weight of shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
+    dst.copy_(src.detach().to(dtype=dst.dtype, device=dst.device))
+
+
+def _o_weight(model: Transformer, layer: int) -> Tensor:
+    """Our output projection ``[d_model, n_heads * d_head]``, the columns of masked heads zeroed."""
+    w = model.blocks[layer].attn.o.weight.detach().clone()
+    mask = head_mask_of(model)
+    if mask is not None:
+        dh = model.config.d_head
+        for h, keep in enumerate(mask[layer]):
+            if not keep:
+                w[:, h * dh:(h + 1) * dh] = 0
+    return w
+
+
+def _gpt2_copy(model: Transformer, hf: nn.Module) -> None:
+    t = hf.transformer
+    _put(t.wte.weight, model.embed.weight)
+    _put(t.wpe.weight, model.pos_embed.weight)
+    for i, (ours, theirs) in enumerate(zip(model.blocks, t.h, strict=True)):
+        # HF's Conv1D stores [in, out] (x @ W); nn.Linear stores [out, in]: transpose both ways.
+        _put(theirs.attn.c_attn.weight, ours.attn.qkv.weight.T)
+        _put(theirs.attn.c_attn.bias, ours.attn.qkv.bias)
+        _put(theirs.attn.c_proj.weight, _o_weight(model, i).T)
+        _put(theirs.attn.c_proj.bias, ours.attn.o.bias)
+        _put(theirs.mlp.c_fc.weight, ours.mlp.w_in.weight.T)
+        _put(theirs.mlp.c_fc.bias, ours.mlp.w_in.bias)
+        _put(theirs.mlp.c_proj.weight, ours.mlp.w_out.weight.T)
+        _put(theirs.mlp.c_proj.bias, ours.mlp.w_out.bias)
+        for norm, ln in ((ours.ln1, theirs.ln_1), (ours.ln2, theirs.ln_2)):
+            _put(ln.weight, norm.w)
+            _put(ln.bias, norm.b)
+    _put(t.ln_f.weight, model.ln_final.w)
+    _put(t.ln_f.bias, model.ln_final.b)
+    if not model.config.tie_embeddings:
+        _put(hf.lm_head.weight, model.unembed.weight)
+
+
+def _llama_copy(model: Transformer, hf: nn.Module) -> None:
+    m, cfg = hf.model, model.config
+    _put(m.embed_tokens.weight, model.embed.weight)
+    q_rows, kv_rows = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
+    for i, (ours, theirs) in enumerate(zip(model.blocks, m.layers, strict=True)):
+        a = theirs.self_attn
+        # our fused projection is [q | k | v] along the output dim, head-major, as HF's q/k/v_proj are
+        q, k, v = ours.attn.qkv.weight.split([q_rows, kv_rows, kv_rows])
+        for proj, w in ((a.q_proj, q), (a.k_proj, k), (a.v_proj, v)):
+            _put(proj.weight, w)
+        _put(a.o_proj.weight, _o_weight(model, i))
+        if cfg.attn_bias:
+            qb, kb, vb = ours.attn.qkv.bias.split([q_rows, kv_rows, kv_rows])
+            for proj, b in ((a.q_proj, qb), (a.k_proj, kb), (a.v_proj, vb), (a.o_proj, ours.attn.o.bias)):
+                _put(proj.bias, b)
+        # SwiGLU (Shazeer 2020): HF down(act(gate x) * up x) is ours w_out(act(w_gate x) * w_in x)
+        _put(theirs.mlp.gate_proj.weight, ours.mlp.w_gate.weight)
+        _put(theirs.mlp.up_proj.weight, ours.mlp.w_in.weight)
+        _put(theirs.mlp.down_proj.weight, ours.mlp.w_out.weight)
+        if cfg.mlp_bias:
+            _put(theirs.mlp.gate_proj.bias, None)  # ours has no gate bias: zero is the same function
+            _put(theirs.mlp.up_proj.bias, ours.mlp.w_in.bias)
+            _put(theirs.mlp.down_proj.bias, ours.mlp.w_out.bias)
+        _put(theirs.input_layernorm.weight, ours.ln1.w)
+        _put(theirs.post_attention_layernorm.weight, ours.ln2.w)
+    _put(m.norm.weight, model.ln_final.w)
+    if not cfg.tie_embeddings:
+        _put(hf.lm_head.weight, model.unembed.weight)
+
+
+def to_hf(model: Transformer, target: Optional[str] = None) -> Any:
+    """A Hugging Face model computing the same logits as ``model``, in eval mode, in its dtype.
+
+    ``target``: "gpt2", "llama" or None (chosen by the positional embedding: learned absolute ->
+    GPT-2, rotary -> Llama). Raises ``ValueError`` naming the first config field the target cannot
+    reproduce (e.g. ``positional_embedding_type='alibi'``, ``norm_placement='post'``,
+    ``attention_dir='bidirectional'``), before any weight is copied.
+    """
+    if not isinstance(model, Transformer):
+        raise TypeError(f"to_hf expects a harness.Transformer, got {type(model).__name__}")
+    cfg = model.config
+    target = _choose(cfg, target)
+    _check(cfg, target)
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    hf_config = _hf_config(cfg, target)
+    hf_config._attn_implementation = "eager"  # the plain softmax path: no kernel choice moves the last bits
+    with torch.device("cpu"):
+        hf = (GPT2LMHeadModel if target == "gpt2" else LlamaForCausalLM)(hf_config)
+    hf = hf.to(DTYPES[cfg.dtype])
+    with torch.no_grad():
+        (_gpt2_copy if target == "gpt2" else _llama_copy)(model, hf)
+    return hf.eval()
