@@ -4,19 +4,23 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "ci", derandomize=True, max_examples=25, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile("dev", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("thorough", max_examples=500, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+from properties.strategies import load_profile
+
+# The profiles are defined once, in properties.strategies.PROFILES (a notebook loads them the same way).
+load_profile()
 
 # Two cores: keep torch from oversubscribing when pytest runs alongside other work.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """The tiny run the CLI, report and browser tests share, built once per session through the
+    `attnlab` commands (tests/helpers/cli_run.py). Read-only: a test that damages it copies it first."""
+    from tests.helpers.cli_run import build_tiny_run
+
+    return build_tiny_run(tmp_path_factory.mktemp("tiny-run"))
 
 
 @pytest.fixture(scope="module")

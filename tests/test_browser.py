@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests._cli_run import tiny_run
-
 CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
 WIDTH, HEIGHT = 1280, 6000  # a laptop-width window, tall enough to reach the head figures
 
@@ -45,8 +43,8 @@ def screenshot(html: Path, out: Path) -> np.ndarray:
         return np.asarray(im.convert("RGB"))
 
 
-def test_report_renders_in_headless_chromium(tmp_path_factory):
-    run = tiny_run(tmp_path_factory.mktemp("browser"))
+def test_report_renders_in_headless_chromium(tiny_run, tmp_path_factory):
+    run = tiny_run
     shot_path = tmp_path_factory.mktemp("shots") / "report.png"
     pixels = screenshot(run.run_dir / "report.html", shot_path)
     assert pixels.shape == (HEIGHT, WIDTH, 3)

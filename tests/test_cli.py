@@ -18,15 +18,15 @@ from click.testing import CliRunner
 
 from reports import options
 from reports.cli import cli
-from tests._cli_run import TINY, copy_run, invoke, tiny_run
+from tests.helpers.cli_run import TINY, copy_run, invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("train", "check", "probe", "saturation", "report", "demo", "bench")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return tiny_run(tmp_path_factory.mktemp("cli"))
+def run(tiny_run):
+    return tiny_run
 
 
 def assert_one_line_error(result, code: int = 2, *needles: str) -> str:

@@ -1,7 +1,8 @@
-"""One tiny run, built once per test session through the `attnlab` commands, shared by the CLI,
-report and browser tests (it costs about half a minute on 2 cores, so it is not built per file).
+"""One tiny run through the `attnlab` commands, shared by the CLI, report and browser tests.
 
-Tests that damage a run must copy it first (:func:`copy_run`).
+It costs about half a minute on 2 cores, so it is built once per test session: the session-scoped
+``tiny_run`` fixture in tests/conftest.py calls :func:`build_tiny_run`. Tests that damage a run
+must copy it first (:func:`copy_run`).
 """
 
 from __future__ import annotations
@@ -28,19 +29,14 @@ class TinyRun:
     results: dict[str, Result] = field(default_factory=dict)
 
 
-_CACHE: dict[str, TinyRun] = {}
-
-
 def invoke(args: list[str]) -> Result:
     from reports.cli import cli
 
     return CliRunner().invoke(cli, args, catch_exceptions=False)
 
 
-def tiny_run(base: Path) -> TinyRun:
+def build_tiny_run(base: Path) -> TinyRun:
     """train -> check -> probe -> saturation -> report on the tiny config, each through the CLI."""
-    if "run" in _CACHE:
-        return _CACHE["run"]
     run_dir = base / "tiny-run"
     run = TinyRun(run_dir)
     steps = {
@@ -55,7 +51,6 @@ def tiny_run(base: Path) -> TinyRun:
         run.results[name] = result
         if result.exit_code != 0:
             raise AssertionError(f"attnlab {name} failed ({result.exit_code}): {result.stdout}\n{result.stderr}")
-    _CACHE["run"] = run
     return run
 
 
