@@ -13,31 +13,14 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from properties import BridgeAdapter, check_model, check_protocol  # noqa: E402
+from tests.helpers.hf_models import VOCAB, gpt2, llama  # noqa: E402
 
-VOCAB = 64
-NO_SPECIAL = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 FAST = 8  # examples per search here; nox -s properties runs the ci profile's 25
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def gpt2() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=32, initializer_range=0.2,
-                     **NO_SPECIAL)
-    return GPT2LMHeadModel(cfg).eval()
-
-
-def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64, initializer_range=0.2,
-                      **NO_SPECIAL)
-    return LlamaForCausalLM(cfg).eval()
 
 
 BUILDERS = {"gpt2": gpt2, "llama": llama}
