@@ -58,11 +58,13 @@ def _busy(point: HookPoint) -> bool:
 
 
 def _first(output: Any) -> Tensor:
-    return output[0] if isinstance(output, tuple) else output
+    return output[0] if isinstance(output, (tuple, list)) else output  # OpenAI GPT's blocks return lists
 
 
 def _replace_first(output: Any, tensor: Tensor) -> Any:
-    return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+    if isinstance(output, (tuple, list)):
+        return type(output)([tensor, *output[1:]])
+    return tensor
 
 
 def _is_pretrained(model: Any) -> bool:
@@ -243,9 +245,9 @@ class HFAdapter(HookedRootModule):
     def _pattern_hook(point: HookPoint) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             # read-only: the pattern was already used by the time the module returns it
-            if _busy(point) and isinstance(output, tuple) and len(output) > 1 and isinstance(output[1], Tensor) \
-                    and output[1].ndim == 4:
-                point(output[1])
+            weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+            if _busy(point) and isinstance(weights, Tensor) and weights.ndim == 4:
+                point(weights)
         return hook
 
     # ---- forward --------------------------------------------------------------------------------------

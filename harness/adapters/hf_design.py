@@ -101,7 +101,7 @@ def positional_type(config: Any, hf_model: nn.Module, attn: Optional[nn.Module])
 def position_embedding_module(hf_model: nn.Module) -> Optional[nn.Module]:
     """The learned (or sinusoidal) position table module, if the model has one outside attention."""
     for name, sub in hf_model.named_modules():
-        if name.rsplit(".", 1)[-1] in ("wpe", "embed_positions", "position_embeddings") and \
+        if name.rsplit(".", 1)[-1] in ("wpe", "embed_positions", "position_embeddings", "positions_embed") and \
                 isinstance(sub, nn.Module) and "Rotary" not in type(sub).__name__:
             return sub
     return None
