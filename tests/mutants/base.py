@@ -4,10 +4,12 @@ Mutants (tests/mutants/catalogue.py) subclass it and override one small method t
 bug, so a kill shows that the property suite judges an implementation it has never seen,
 not ``harness`` internals. Every overridable step is a method: ``positions``,
 ``step_positions``, ``embed_positions``; on the attention: ``scale``, ``rotate_q``/``rotate_k``,
-``allowed``, ``apply_mask``, ``normalize``; on the norm: ``stats_dims``.
+``allowed``, ``apply_mask``, ``normalize``, ``slopes``, ``kernel``; on the norm: ``stats_dims``.
 
 Formulas: scaled dot-product attention (Vaswani et al. 2017 eq. 1), sinusoidal positions
-(§3.5), RoPE in the rotate-half layout (Su et al. 2021 eq. 34), ALiBi (Press et al. 2022),
+(§3.5), RoPE in the rotate-half layout (Su et al. 2021 eq. 34), ALiBi (Press et al. 2022, with the
+reference code's rule for head counts that are not a power of two), sliding windows (transformers'
+``masking_utils`` convention: w keys, the query's own included),
 LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019).
 """
 
@@ -39,6 +41,7 @@ class RefConfig:
     base: float = 10000.0
     eps: float = 1e-5
     seed: int = 0
+    sliding_window: Optional[tuple] = None  # per layer: None (global) or w (query i sees keys i - w < j <= i)
 
 
 def sinusoids(pos: Tensor, d: int, base: float) -> Tensor:
@@ -108,8 +111,26 @@ class RefAttention(nn.Module):
         self.hook_attn_scores = HookPoint()  # [batch, n_heads, query_pos, key_pos]
         self.hook_pattern = HookPoint()  # [batch, n_heads, query_pos, key_pos]
         self.hook_z = HookPoint()  # [batch, pos, n_heads, d_head]
+        self.layer = 0  # set by RefModel: which entry of cfg.sliding_window applies
 
     # --- the steps a mutant may override -------------------------------------------------
+    def window(self) -> Optional[int]:
+        return None if self.cfg.sliding_window is None else self.cfg.sliding_window[self.layer]
+
+    def slopes(self) -> Tensor:
+        """ALiBi slopes: 2^(-8h/n), h = 1..n; else the closest power of two c's, then every other one of 2c's."""
+        def geometric(n: int) -> list[float]:
+            return [2 ** (-8 * (i + 1) / n) for i in range(n)]
+
+        n = self.cfg.n_heads
+        c = 2 ** int(math.floor(math.log2(n)))
+        return torch.tensor(geometric(c) + geometric(2 * c)[0::2][: n - c])
+
+    def kernel(self, raw_scores: Tensor, pattern: Tensor, v: Tensor, q_idx: Tensor, k_idx: Tensor,
+               key_mask: Tensor) -> Tensor:
+        """The attention output (``hook_z``); a fused kernel would recompute it from the unmasked scores."""
+        return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.cfg.d_head)
 
@@ -124,6 +145,8 @@ class RefAttention(nn.Module):
         ok = torch.ones(len(q_idx), len(k_idx), dtype=torch.bool)
         if self.cfg.attention_dir == "causal":
             ok = k_idx[None, :] <= q_idx[:, None]
+        if self.window() is not None:
+            ok = ok & (k_idx[None, :] > q_idx[:, None] - self.window())
         ok = ok[None] & key_mask[:, None, :]
         return (ok | (k_idx[None, None, :] == q_idx[None, :, None]))[:, None]
 
@@ -150,12 +173,14 @@ class RefAttention(nn.Module):
             cache.k[layer], cache.v[layer] = k, v
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.scale()
         if cfg.positional_embedding_type == "alibi":
-            slopes = torch.tensor([2 ** (-8 * (i + 1) / cfg.n_heads) for i in range(cfg.n_heads)])
+            slopes = self.slopes()
             scores = scores - slopes[None, :, None, None] * (q_pos[:, None, :, None] - k_pos[:, None, None, :]).abs()
-        allowed = self.allowed(torch.arange(past, past + n), torch.arange(past + n), key_mask)
+        q_idx, k_idx = torch.arange(past, past + n), torch.arange(past + n)
+        allowed = self.allowed(q_idx, k_idx, key_mask)
+        raw = scores
         scores = self.hook_attn_scores(self.apply_mask(scores, allowed))
         pattern = self.hook_pattern(self.normalize(scores, allowed))
-        z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
+        z = self.hook_z(self.kernel(raw, pattern, v, q_idx, k_idx, key_mask))
         return self.o(z.reshape(b, n, -1))
 
 
@@ -194,6 +219,8 @@ class RefModel(HookedRootModule):
         if cfg.positional_embedding_type in ("standard", "sinusoidal"):
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList([RefBlock(cfg, self.attention_cls, self.norm_cls) for _ in range(cfg.n_layers)])
+        for layer, block in enumerate(self.blocks):
+            block.attn.layer = layer
         if cfg.norm_placement == "pre":
             self.ln_final = self.norm_cls(cfg)
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
@@ -265,3 +292,10 @@ class RefModel(HookedRootModule):
                 logits = self(nxt, cache=cache)[:, -1]
         logits = torch.stack(steps, 1) if steps else tokens.new_zeros((tokens.shape[0], 0, self.cfg.d_vocab)).float()
         return (out, logits) if return_logits else out
+
+    @torch.no_grad()
+    def forward_with_cache(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,
+                           past: Optional[Cache] = None) -> tuple[Tensor, Cache]:
+        """The protocol's optional cached decoding: logits of the new tokens and the cache to pass next."""
+        cache = Cache(self.cfg.n_layers) if past is None else past
+        return self(tokens, attention_mask=attention_mask, cache=cache), cache

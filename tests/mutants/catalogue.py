@@ -143,6 +143,61 @@ class BatchNormModel(RefModel):
     norm_cls = BatchStatsNorm
 
 
+# --- field-bug families (tests/field_bugs replays the real ones in transformers) ---------------
+
+class WideWindowAttention(RefAttention):
+    def window(self):
+        w = super().window()
+        return None if w is None else w + 1  # declares w, admits w + 1 keys (transformers #29623)
+
+
+class TwoSidedKernelWindowAttention(RefAttention):
+    def kernel(self, raw_scores, pattern, v, q_idx, k_idx, key_mask):
+        # FlashAttention's window_size=(w, w) admits i - w <= j <= i under causality: w + 1 keys,
+        # while the explicit mask (and so hook_pattern) admits w (transformers #39408)
+        w = self.window()
+        ok = (k_idx[None, :] <= q_idx[:, None]) & (k_idx[None, :] >= q_idx[:, None] - w)
+        ok = (ok[None] & key_mask[:, None, :]) | (k_idx[None, None, :] == q_idx[None, :, None])
+        weights = raw_scores.masked_fill(~ok[:, None], float("-inf")).softmax(-1)
+        return torch.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+class OffByOneSlopeAttention(RefAttention):
+    def slopes(self):
+        n = self.cfg.n_heads
+        return torch.tensor([2 ** (-8 * i / n) for i in range(n)])  # h = 0..n-1: slope[0] = 1 (aprender #2143)
+
+
+class GeometricOnlySlopeAttention(RefAttention):
+    def slopes(self):
+        n = self.cfg.n_heads
+        return torch.tensor([2 ** (-8 * (i + 1) / n) for i in range(n)])  # no non-power-of-two rule (alibi #17)
+
+
+class NoSelfAttention(RefAttention):
+    def allowed(self, q_idx, k_idx, key_mask):
+        ok = k_idx[None, :] <= q_idx[:, None]
+        return (ok[None] & key_mask[:, None, :])[:, None]  # a left-padded query sees no key: softmax of all -inf
+
+
+class Bfloat16PhaseAttention(RefAttention):
+    def rotate_q(self, q, pos):
+        return _bf16_rope(q, pos, self.cfg.base)
+
+    def rotate_k(self, k, pos):
+        return _bf16_rope(k, pos, self.cfg.base)
+
+
+def _bf16_rope(x: Tensor, pos: Tensor, base: float) -> Tensor:
+    """RoPE with inv_freq and the phase in bfloat16 (transformers #25681, gpt-neox #1003)."""
+    d = x.shape[-1]
+    inv = (1.0 / base ** (torch.arange(0, d, 2).float() / d)).bfloat16()
+    ang = (pos.bfloat16()[..., None, None] * inv).float()
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1)
+
+
 def _model(attention: type) -> type:
     return type(f"{attention.__name__}Model", (RefModel,), {"attention_cls": attention})
 
@@ -180,4 +235,19 @@ MUTANTS: list[Mutant] = [
            ("sinusoidal_shift",), "cos uses exponent (2i+1)/d, sin 2i/d"),
     Mutant("kv_cache_restarts_positions", RestartingCacheModel, _cfg(positional_embedding_type="standard"),
            ("kv_cache",), "cached decoding numbers each new token from position 0"),
+    Mutant("sliding_window_one_wider", _model(WideWindowAttention),
+           _cfg(positional_embedding_type="rotary", sliding_window=(3, None)),
+           ("sliding_window",), "a window declared w admits w + 1 keys"),
+    Mutant("kernel_window_two_sided", _model(TwoSidedKernelWindowAttention),
+           _cfg(positional_embedding_type="rotary", sliding_window=(3, 3)),
+           ("kernel_consistency",), "the kernel's window admits w + 1 keys, the explicit pattern w"),
+    Mutant("alibi_slope_exponent_off_by_one", _model(OffByOneSlopeAttention), _cfg(positional_embedding_type="alibi"),
+           ("alibi_slopes",), "slopes 2^(-8h/n) for h = 0..n-1"),
+    Mutant("alibi_slopes_ignore_non_power_of_two", _model(GeometricOnlySlopeAttention),
+           _cfg(positional_embedding_type="alibi", n_heads=6, d_model=48),
+           ("alibi_slopes",), "6 heads get the plain geometric sequence 2^(-8h/6)"),
+    Mutant("fully_masked_rows_nan", _model(NoSelfAttention), _cfg(positional_embedding_type="rotary"),
+           ("finite_outputs",), "left-padded queries see no key: softmax over all -inf"),
+    Mutant("rotary_phase_in_bfloat16", _model(Bfloat16PhaseAttention), _cfg(positional_embedding_type="rotary"),
+           ("rotary_precision",), "inv_freq and the phase computed in bfloat16"),
 ]

@@ -1,0 +1,107 @@
+"""ALiBi slopes: the per-head slopes recovered from the scores are Press et al.'s geometric sequence.
+
+Press, Smith & Lewis 2022 (ALiBi, §3): head h of n adds ``-m_h * (i - j)`` to the score of
+query i and key j, with ``m_h = 2^(-8h/n)``, h = 1..n ("the geometric sequence that starts at
+2^(-8/n) and uses that same value as its ratio"). For n not a power of two, the authors'
+reference code (``get_slopes`` in github.com/ofirpress/attention_with_linear_biases) takes the
+slopes for the closest power of two c < n, then every other slope of 2c (its 1st, 3rd, ...)
+until there are n. :func:`press_slopes` writes that rule out here, independently of any model.
+A model may declare ``cfg.alibi_bias_max`` (MPT's 8 by default: m_h = 2^(-bias_max * h / n)).
+
+Recovery needs no q, k or scale: ALiBi models add no position embedding, so for a sequence that
+repeats one token every layer-0 query and key is the same vector and ``q.k`` is one constant;
+layer 0's scores are then a per-query constant plus the bias. ``log hook_pattern`` is the scores
+minus a per-query constant too, so either hook serves (``hook_attn_scores`` when it fires, else
+the pattern: Bloom through HFAdapter exposes only the pattern). Per head the bias is fitted as
+``c(row, query) + s * x`` by least squares, ``x = j - i`` for causal models and for
+``cfg.alibi_style`` "absolute_key" (Bloom adds ``m * j``: the same slope, a different per-query
+constant), ``x = -|i - j|`` for symmetric bidirectional ALiBi. Deviation: ``max_h |s_h - m_h| / m_h``;
+tolerance 1e-3 (float32 scores carry ~1e-6 relative error; the smallest slope, 2^-8, over
+distance 2 is a bias of 8e-3, whose fit error is ~1e-4 of it).
+Field bugs: paiml/aprender #2143 (exponent off by one, slope[0] = 1 for 8 heads),
+ofirpress/attention_with_linear_biases #17 (the non-power-of-two rule).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+
+from harness.adapters.protocol import run
+from properties.checks._common import fmt, hook_gap, max_len, prepare
+from properties.search import PropertyResult, search
+
+NAME = "alibi_slopes"
+TOLERANCE = 1e-3
+
+
+def press_slopes(n_heads: int, bias_max: float = 8.0) -> list[float]:
+    """Press et al. 2022 §3 slopes for ``n_heads`` heads, with the reference code's non-power-of-two rule."""
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads={n_heads!r} is invalid: expected an integer >= 1")
+
+    def geometric(n: int) -> list[float]:
+        start = 2.0 ** (-bias_max / n)
+        return [start ** (h + 1) for h in range(n)]
+
+    if n_heads & (n_heads - 1) == 0:
+        return geometric(n_heads)
+    closest = 2 ** int(math.floor(math.log2(n_heads)))
+    return geometric(closest) + geometric(2 * closest)[0::2][: n_heads - closest]
+
+
+def fitted_slopes(bias: torch.Tensor, allowed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Per head, the least-squares s in ``bias [b, h, q, k] = c[b, h, q] + s * x[q, k]`` over ``allowed``."""
+    w = allowed.double()  # [q, k]
+    count = w.sum(-1, keepdim=True).clamp(min=1)
+    bias = bias.where(allowed, bias.new_zeros(()))
+    x_c = (x - (x * w).sum(-1, keepdim=True) / count) * w
+    b_c = (bias - (bias * w).sum(-1, keepdim=True) / count) * w
+    return (b_c * x_c).sum((0, 2, 3)) / ((x_c * x_c).sum() * bias.shape[0]).clamp(min=1e-300)
+
+
+def alibi_slopes(model, *, seed: int = 0, max_examples: int | None = None,
+                 observed: set[str] | None = None) -> PropertyResult:
+    """The slopes recovered from layer 0's scores (or pattern) are Press et al.'s, per head (ALiBi models)."""
+    observed = prepare(model, observed)
+    cfg = model.cfg
+    if cfg.positional_embedding_type != "alibi" or cfg.n_ctx < 3:
+        return PropertyResult.not_applicable(NAME, TOLERANCE)
+    name = "blocks.0.attn.hook_attn_scores"
+    if name not in observed:
+        name = "blocks.0.attn.hook_pattern"
+    gap = hook_gap(model, [name], observed)
+    if gap:
+        return PropertyResult.unobservable(NAME, TOLERANCE, f"needs hook_attn_scores or hook_pattern: {gap}")
+    expected = torch.tensor(press_slopes(cfg.n_heads, float(getattr(cfg, "alibi_bias_max", 8.0))),
+                            dtype=torch.float64)
+    style = str(getattr(cfg, "alibi_style", "") or "").lower()
+    causal = cfg.attention_dir == "causal"
+    tokens = st.lists(st.integers(0, cfg.d_vocab - 1), min_size=1, max_size=2)
+    strategy = st.tuples(tokens, st.integers(3, max(3, max_len(cfg))))  # one repeated token per row
+
+    def measure(example):
+        rows, n = example
+        x = torch.tensor(rows, dtype=torch.long)[:, None].expand(-1, n).contiguous()
+        _, acts = run(model, x, capture=[name])
+        scores = acts[name].double()  # [batch, n_heads, q, k]
+        if name.endswith("hook_pattern"):
+            scores = scores.log()  # the scores up to a per-query constant
+        i, j = torch.arange(n)[:, None].double(), torch.arange(n)[None, :].double()
+        allowed = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool)
+        offset = j - i if (causal or "key" in style) else -(i - j).abs()
+        slopes = fitted_slopes(scores, allowed, offset).nan_to_num(nan=math.inf)
+        err = ((slopes - expected).abs() / expected).nan_to_num(nan=math.inf)
+        h = int(err.argmax())
+        return float(err.max()), (f"layer 0 head {h}: slope {fmt(float(slopes[h]))}, expected "
+                                  f"{fmt(float(expected[h]))} (Press et al. for {cfg.n_heads} heads); recovered "
+                                  f"{[round(float(s), 5) for s in slopes]}, expected "
+                                  f"{[round(float(s), 5) for s in expected]}")
+
+    def describe(example):
+        rows, n = example
+        return f"tokens={[[t] * n for t in rows]}"
+
+    return search(NAME, TOLERANCE, strategy, measure, describe, seed=seed, max_examples=max_examples)

@@ -1,0 +1,76 @@
+"""Kernel consistency: the configured attention kernel's output equals pattern . V, masks and windows included.
+
+A model may compute its attention output with a fused kernel (``scaled_dot_product_attention``,
+FlashAttention, an eager loop) and expose the explicit ``hook_pattern`` from a recomputation.
+The two must agree: ``hook_z[b, i, h] == sum_j hook_pattern[b, h, i, j] * hook_v[b, j, h]``
+(Vaswani et al. 2017 eq. 1, the output is the pattern-weighted sum of values). A kernel that
+masks differently from the explicit path — a window passed as (w, w) where the mask admits w
+keys (transformers #39408), padding dropped by the kernel — is invisible in the pattern and
+shows here. Real queries only (a padded query's row is arbitrary by design).
+
+Deviation: ``max |z - pattern . v| / max(1, max|v|)``. Tolerance ``max(1e-4, 16 eps)`` of the
+model's dtype: two float32 evaluations of a <= 24-term weighted sum differ by ~n * 2^-24.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from harness.adapters.protocol import all_heads, run
+from properties.checks._common import fmt, hook_gap, max_len, prepare
+from properties.checks._design import model_dtype, windows
+from properties.search import PropertyResult, search
+from properties.strategies import padded_batches, token_batches
+
+NAME = "kernel_consistency"
+
+
+def tolerance_for(dtype: torch.dtype) -> float:
+    return max(1e-4, 16 * torch.finfo(dtype).eps)
+
+
+def kernel_consistency(model, *, seed: int = 0, max_examples: int | None = None,
+                       observed: set[str] | None = None) -> PropertyResult:
+    """``hook_z`` (the configured kernel's output) equals ``hook_pattern`` . ``hook_v`` at every real query."""
+    observed = prepare(model, observed)
+    cfg = model.cfg
+    tol = tolerance_for(model_dtype(model))
+    names = {layer: [f"blocks.{layer}.attn.{h}" for h in ("hook_pattern", "hook_v", "hook_z")]
+             for layer in range(cfg.n_layers)}
+    gap = hook_gap(model, [n for v in names.values() for n in v], observed)
+    if gap:
+        return PropertyResult.unobservable(NAME, tol, gap)
+    window = min((w for w in windows(cfg) if w is not None), default=None)
+    n = max_len(cfg, cap=max(8, (window or 0) + 3))  # past the smallest window, so its edge is exercised
+    inputs = [token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))]
+    if n >= 2:
+        padded = padded_batches(cfg.d_vocab, max_len=max(1, n // 2), max_pad=max(1, n - n // 2))
+        inputs.append(padded.map(lambda p: (p.tokens, p.mask)))
+    strategy = st.one_of(*inputs)
+
+    def measure(example):
+        x, mask = example
+        _, acts = run(model, x, attention_mask=mask, capture=[nm for v in names.values() for nm in v])
+        real = mask.bool() if mask is not None else torch.ones(x.shape, dtype=torch.bool)
+        worst, where = 0.0, "kernel output equals pattern . V"
+        for layer, (pn, vn, zn) in names.items():
+            p = acts[pn].double()  # [batch, n_heads, q, k]
+            v = all_heads(acts[vn].double(), cfg.n_heads)  # [batch, k, n_heads, d_head]
+            z = acts[zn].double()  # [batch, q, n_heads, d_head]
+            expected = torch.einsum("bhqk,bkhd->bqhd", p, v)
+            scale = max(1.0, float(v.abs().max()))
+            err = ((z - expected).abs().amax(-1) / scale).nan_to_num(nan=float("inf"))  # [batch, q, n_heads]
+            err = err.where(real[:, :, None], err.new_zeros(()))
+            if float(err.max()) > worst:
+                worst = float(err.max())
+                b, i, h = (int(t) for t in (err == err.max()).nonzero()[0])
+                where = (f"layer {layer} head {h} query {i} (row {b}): kernel output differs from pattern . V by "
+                         f"{fmt(worst)} (|v| up to {fmt(scale)})")
+        return worst, where
+
+    def describe(example):
+        x, mask = example
+        return f"tokens={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
+
+    return search(NAME, tol, strategy, measure, describe, seed=seed, max_examples=max_examples)

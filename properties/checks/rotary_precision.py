@@ -1,0 +1,112 @@
+"""Rotary precision: at every position up to n_ctx, rotary equals a float64 rotation, in the model's dtype.
+
+RoPE (Su et al. 2021, eq. 34) turns each pair of q/k features by ``pos * theta_i`` with
+``theta_i = base^(-2i/rotary_dim)``, so ``rot(pos + p) = R(p) rot(pos)``. At layer 0 the
+input does not depend on positions (rotary models add none), so ``hook_rot_q`` at
+``position_offset=p`` must equal the float64 rotation by p of ``hook_rot_q`` at offset 0 —
+the reference needs neither ``hook_q`` nor the model's code, only its declared design
+(``rotary_dim``, ``rotary_style``, ``rotary_base``; partial rotary leaves the other features
+alone). A second, purely relative check: the rotated scores ``<rot_q_i, rot_k_j>`` at offset p
+equal those at offset 0 (they depend on i - j only).
+
+Field bugs: ``inv_freq`` or the phase ``pos * inv_freq`` computed in bfloat16/float16 has a
+relative phase error of 2^-9 / 2^-11, i.e. radians at a few thousand positions (transformers
+#25681, #29496, #29285; EleutherAI/gpt-neox #1003). Allowed error, relative to |rot_q| per head
+and position: ``16 u_dtype + 32 (p + n) u_32`` (u: unit roundoff). A phase computed in float32
+is off by <= ~4 u_32 per radian of position (one rounding of theta, one of the product), cos/sin
+and the bfloat16/float16 cast add a few u_dtype. Deviation: the error over the allowance
+(tolerance 1.0), at the offset hypothesis finds worst, up to n_ctx - n.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from harness.adapters.protocol import run
+from properties.checks._common import fmt, hook_gap, max_len, prepare
+from properties.checks._design import rotary_design, unit_roundoff
+from properties.search import PropertyResult, search
+from properties.strategies import token_batches
+
+NAME = "rotary_precision"
+TOLERANCE = 1.0
+U32 = unit_roundoff(torch.float32)
+
+
+def rotate(x: torch.Tensor, p: int, dim: int, style: str, base: float) -> torch.Tensor:
+    """Turn the first ``dim`` features of ``x [..., d_head]`` (float64) by ``p * theta_i``, Su et al. eq. 34."""
+    theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    ang = p * theta
+    cos, sin = ang.cos(), ang.sin()
+    rot, rest = x[..., :dim], x[..., dim:]
+    if style == "half":
+        a, b = rot[..., : dim // 2], rot[..., dim // 2:]
+        turned = torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
+    else:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
+    return torch.cat((turned, rest), -1)
+
+
+def rotary_precision(model, *, seed: int = 0, max_examples: int | None = None,
+                     observed: set[str] | None = None) -> PropertyResult:
+    """Layer-0 ``hook_rot_q``/``hook_rot_k`` at offset p equal a float64 rotation by p of offset 0's."""
+    observed = prepare(model, observed)
+    cfg = model.cfg
+    if cfg.positional_embedding_type != "rotary" or cfg.n_ctx < 2 or \
+            getattr(cfg, "rope_type", None) not in (None, "default"):
+        return PropertyResult.not_applicable(NAME, TOLERANCE)  # scaled RoPE variants have their own angles
+    undeclared = [f for f in ("rotary_style", "rotary_base") if hasattr(cfg, f) and getattr(cfg, f) is None]
+    if undeclared:  # an adapter that could not read the layout or base: no reference to compare with
+        return PropertyResult.unobservable(NAME, TOLERANCE, f"the model does not declare cfg.{undeclared[0]}")
+    dim, style, base = rotary_design(cfg)
+    names = ["blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"]
+    gap = hook_gap(model, names, observed)
+    if gap:
+        return PropertyResult.unobservable(NAME, TOLERANCE, gap)
+    n_max = max_len(cfg, cap=4)
+
+    @st.composite
+    def strategy(draw):
+        x = draw(token_batches(cfg.d_vocab, max_batch=2, max_len=min(n_max, cfg.n_ctx - 1)))
+        top = cfg.n_ctx - x.shape[1]
+        # the far end of the context first: precision is lost with position
+        return x, draw(st.one_of(st.just(top), st.integers(1, top)))
+
+    def measure(example):
+        x, offset = example
+        _, at0 = run(model, x, capture=names)
+        _, atp = run(model, x, position_offset=offset, capture=names)
+        dtype = at0[names[0]].dtype
+        n = x.shape[1]
+        allow = 16 * unit_roundoff(dtype) + 32 * (offset + n) * U32
+        worst, where = 0.0, "rotations exact"
+        for nm in names:
+            r0, rp = at0[nm].double(), atp[nm].double()  # [batch, pos, heads, d_head]
+            ref = rotate(r0, offset, dim, style, base)
+            err = ((rp - ref).norm(dim=-1) / r0.norm(dim=-1).clamp(min=1e-30)) / allow
+            if float(err.max()) > worst:
+                worst = float(err.max())
+                b, i, h = (int(t) for t in (err == err.max()).nonzero()[0])
+                where = (f"layer 0 {nm.split('.')[-1]} head {h} position {offset + i} (row {b}): relative error "
+                         f"{fmt(worst * allow)} vs a float64 rotation, allowed {fmt(allow)} in {dtype}")
+        q0, k0 = at0[names[0]].double(), at0[names[1]].double()
+        qp, kp = atp[names[0]].double(), atp[names[1]].double()
+        heads = q0.shape[2] // k0.shape[2]
+        k0, kp = k0.repeat_interleave(heads, 2), kp.repeat_interleave(heads, 2)
+        s0, sp = torch.einsum("bqhd,bkhd->bhqk", q0, k0), torch.einsum("bqhd,bkhd->bhqk", qp, kp)
+        size = torch.einsum("bqh,bkh->bhqk", q0.norm(dim=-1), k0.norm(dim=-1)).clamp(min=1e-30)
+        rel = ((sp - s0).abs() / size) / (2 * allow)
+        if float(rel.max()) > worst:
+            worst = float(rel.max())
+            b, h, i, j = (int(t) for t in (rel == rel.max()).nonzero()[0])
+            where = (f"layer 0 head {h} (row {b}): score <rot_q {i}, rot_k {j}> changes by "
+                     f"{fmt(worst * 2 * allow)} of |q||k| between offset 0 and {offset} (allowed {fmt(2 * allow)})")
+        return worst, where
+
+    def describe(example):
+        x, offset = example
+        return f"tokens={x.tolist()} position_offset={offset}"
+
+    return search(NAME, TOLERANCE, strategy(), measure, describe, seed=seed, max_examples=max_examples)

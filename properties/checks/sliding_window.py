@@ -1,0 +1,87 @@
+"""Sliding windows: on a layer that declares a window w, each query attends to exactly the keys it admits.
+
+Convention (transformers ``masking_utils``, the one Mistral, Gemma 2/3 and Qwen2 follow):
+a causal window admits key j for query i when ``i - w < j <= i`` (``sliding_window_overlay``:
+``kv_idx > q_idx - sliding_window``), i.e. w keys, the query's own included; a bidirectional
+window admits ``|i - j| <= w`` (``sliding_window_bidirectional_overlay``), 2w + 1 keys.
+The field bugs this catches: a window one wider than declared (transformers #29623, vLLM #3385,
+where backends disagreed on w vs w + 1) and a window that grew to 2w + 1 (transformers #39408).
+
+Deviation (tolerance 0): a key outside the window with positive ``hook_pattern`` weight counts
+its weight; a key inside the window with weight exactly 0 counts 1. An admitted key's softmax
+weight ``exp(s_j - max s) / Z`` is 0 only if its score is ~100 below the row maximum (float32
+and bfloat16 underflow at exp(-103)), which no unmasked key of a small random model reaches.
+Layers without a window (None) are left to ``causal_pattern``. Unpadded inputs only: a window
+is counted in sequence indices, and with padding a model may count pads or not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.adapters.protocol import run
+from properties.checks._common import MAX_LEN, fmt, hook_gap, prepare
+from properties.checks._design import windows
+from properties.search import PropertyResult, search
+from properties.strategies import token_batches
+
+NAME = "sliding_window"
+TOLERANCE = 0.0
+MAX_WINDOW_LEN = 24  # long enough to leave the smallest window by a few keys, short enough for milliseconds
+
+
+def admitted(n: int, window: int, causal: bool) -> torch.Tensor:
+    """bool ``[query_pos, key_pos]``: the keys a window of ``window`` admits (transformers' convention)."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    if causal:
+        return (j <= i) & (j > i - window)
+    return (i - j).abs() <= window
+
+
+def sliding_window(model, *, seed: int = 0, max_examples: int | None = None,
+                   observed: set[str] | None = None) -> PropertyResult:
+    """Every query of a windowed layer puts positive weight on exactly the keys its window admits."""
+    observed = prepare(model, observed)
+    cfg = model.cfg
+    per_layer = windows(cfg)
+    layers = [(layer, w) for layer, w in enumerate(per_layer) if w is not None]
+    if not layers or cfg.n_ctx < 2:
+        return PropertyResult.not_applicable(NAME, TOLERANCE)
+    names = {layer: f"blocks.{layer}.attn.hook_pattern" for layer, _ in layers}
+    gap = hook_gap(model, list(names.values()), observed)
+    if gap:
+        return PropertyResult.unobservable(NAME, TOLERANCE, gap)
+    causal = cfg.attention_dir == "causal"
+    # reach past the smallest window by a few keys, so that both edges of the window are seen
+    longest = min(cfg.n_ctx, max(MAX_LEN, min(w for _, w in layers) + 3), MAX_WINDOW_LEN)
+    strategy = token_batches(cfg.d_vocab, max_batch=2, min_len=min(2, longest), max_len=longest)
+
+    def measure(x):
+        _, acts = run(model, x, capture=list(names.values()))
+        n = x.shape[1]
+        worst, where = 0.0, "every query sees exactly its window"
+        for layer, w in layers:
+            p = acts[names[layer]].double().nan_to_num(nan=float("inf"))  # [batch, n_heads, q, k]
+            inside = admitted(n, w, causal)
+            leak = p.where(~inside, p.new_zeros(()))
+            missing = (p == 0) & inside
+            if bool(missing.any()) and 1.0 > worst:
+                worst = 1.0
+                b, h, i, j = (int(t) for t in missing.nonzero()[0])
+                where = (f"layer {layer} head {h} (row {b}): query {i} puts weight 0 on key {j}, "
+                         f"which the window w={w} admits (expected keys {_span(i, n, w, causal)})")
+            if float(leak.max()) > worst:
+                worst = float(leak.max())
+                b, h, i, j = (int(t) for t in (leak == leak.max()).nonzero()[0])
+                where = (f"layer {layer} head {h} (row {b}): query {i} puts weight {fmt(worst)} on key {j} "
+                         f"(distance {i - j}), outside the window w={w} (expected keys {_span(i, n, w, causal)})")
+        return worst, where
+
+    return search(NAME, TOLERANCE, strategy, measure, lambda x: f"tokens={x.tolist()}",
+                  seed=seed, max_examples=max_examples)
+
+
+def _span(i: int, n: int, w: int, causal: bool) -> str:
+    lo, hi = (max(0, i - w + 1), i) if causal else (max(0, i - w), min(n - 1, i + w))
+    return f"{lo}..{hi}"
