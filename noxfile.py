@@ -5,7 +5,8 @@ after the CPU torch wheel), so a session costs test time, not install time.
     nox -s tests        unit, reference-equivalence, mutation and CLI tests
     nox -s properties   hypothesis property tests over many generated configurations
     nox -s bench        side-by-side benchmarks, short mode (ATTNLAB_BENCH=full for the full table)
-    nox -s lint         ruff
+    nox -s lint         ruff and the import-layer contracts (lint-imports)
+    nox -s typecheck    mypy over harness, properties, probes, reports
     nox -s report       smoke run of `attnlab demo` on a tiny configuration
     nox -s browser      renders a report in headless Chromium and checks the screenshot
 """
@@ -18,7 +19,7 @@ import nox
 PY = sys.executable  # the interpreter nox runs under: the project venv, activated or not
 
 nox.options.default_venv_backend = "none"
-nox.options.sessions = ["lint", "tests", "properties", "bench", "browser"]
+nox.options.sessions = ["lint", "typecheck", "tests", "properties", "bench", "browser"]
 
 
 @nox.session
@@ -44,6 +45,14 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.run(PY, "-m", "ruff", "check", "harness", "probes", "properties", "reports", "tests", "noxfile.py")
+    # the layering (pyproject [tool.importlinter]): reports > properties | probes > harness
+    session.run(os.path.join(os.path.dirname(PY), "lint-imports"), external=True)
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    # mypy over the four packages; its settings are in pyproject [tool.mypy]
+    session.run(PY, "-m", "mypy", *session.posargs)
 
 
 @nox.session

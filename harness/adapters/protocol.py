@@ -8,12 +8,14 @@ points. A model that lacks a piece gets one TypeError that lists every missing p
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
-from typing import Any, Optional
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Optional, Protocol, Union, cast
 
 import torch
 from torch import Tensor
 from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 from harness._checks import is_int
 
@@ -27,8 +29,73 @@ ATTN_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", 
 ROTARY_HOOKS = ("hook_rot_q", "hook_rot_k")
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_post")
 
+# (hook name or name filter, hook function), as HookedRootModule.hooks takes them
+FwdHooks = list[tuple[Union[str, Callable[..., Any]], Callable[..., Any]]]
 
-def required_hooks(cfg: Any) -> list[str]:
+
+class ModelCfg(Protocol):
+    """What the protocol reads of ``model.cfg`` (read-only: a frozen config satisfies it)."""
+
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def d_head(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def d_vocab(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def positional_embedding_type(self) -> str: ...  # one of POSITIONAL_TYPES
+    @property
+    def attention_dir(self) -> str: ...  # one of ATTENTION_DIRS
+
+
+class ProtocolModel(Protocol):
+    """The model protocol as a type: what :func:`check_protocol` verifies at run time.
+
+    The static half of the protocol (mypy); a model passes :func:`check_protocol` only if it
+    also is a ``HookedRootModule`` with the hook points the checks read. Functions typed with
+    it take a model that has already been checked (or wrapped by an adapter).
+    """
+
+    @property
+    def cfg(self) -> ModelCfg: ...
+
+    hook_dict: dict[str, HookPoint]
+
+    def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor] = ...,
+                 position_offset: int = ...) -> Any: ...
+
+    def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = ...,
+                position_offset: int = ...) -> Any: ...
+
+    def hooks(self, fwd_hooks: FwdHooks = ..., bwd_hooks: FwdHooks = ..., reset_hooks_end: bool = ...,
+              clear_contexts: bool = ...) -> AbstractContextManager[Any]: ...
+
+    def run_with_hooks(self, *model_args: Any, fwd_hooks: FwdHooks = ..., bwd_hooks: FwdHooks = ...,
+                       reset_hooks_end: bool = ..., clear_contexts: bool = ..., **model_kwargs: Any) -> Any: ...
+
+    def parameters(self, recurse: bool = ...) -> Iterator[torch.nn.Parameter]: ...
+
+    def eval(self) -> Any: ...
+
+    def train(self, mode: bool = ...) -> Any: ...
+
+    @property
+    def training(self) -> bool: ...
+
+
+# What an entry point (check_protocol, properties.check_model, the public probes) accepts: a
+# protocol model or a model an adapter wraps (Hugging Face, TransformerLens bridge), both
+# nn.Modules; the entry point checks it and raises one TypeError listing every missing piece.
+AnyModel = Union[ProtocolModel, torch.nn.Module]
+
+
+def required_hooks(cfg: ModelCfg) -> list[str]:
     """The hook point names :func:`check_protocol` requires of a model with this ``cfg``."""
     names = []
     for layer in range(cfg.n_layers):
@@ -72,7 +139,7 @@ def _forward_problems(model: HookedRootModule) -> list[str]:
             if name not in params and not has_var_kw]
 
 
-def check_protocol(model: Any, *, hooks: bool = True) -> None:
+def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True) -> None:
     """Raise TypeError listing every piece of the model protocol that ``model`` lacks.
 
     Always checks the class (a ``transformer_lens.HookedRootModule`` with ``setup()`` called), the
@@ -94,19 +161,20 @@ def check_protocol(model: Any, *, hooks: bool = True) -> None:
     missing += _forward_problems(model)
     watch: list[str] = []
     if not missing and hooks:
-        watch = [name for name in required_hooks(model.cfg) if name in hook_dict]
-        missing += [f"no hook point {name}" for name in required_hooks(model.cfg) if name not in hook_dict]
-    if not missing:
-        problems, fired = _smoke(model, watch)
+        watch = [name for name in required_hooks(checked.cfg) if name in checked.hook_dict]
+        missing += [f"no hook point {name}" for name in required_hooks(checked.cfg) if name not in checked.hook_dict]
+    if not missing and forward:
+        problems, fired = _smoke(checked, watch)
         missing += problems
         if not problems:
+    checked = cast(ProtocolModel, model)  # used only once cfg, hook_dict and forward passed the checks above
             missing += [f"hook point {name} never fires in a forward pass" for name in watch if name not in fired]
     if missing:
         raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
                         + "; ".join(missing))
 
 
-def observed_hooks(model: HookedRootModule) -> set[str]:
+def observed_hooks(model: ProtocolModel) -> set[str]:
     """The names in ``model.hook_dict`` whose hook fires in a plain two-token forward pass.
 
     The property suite computes this once per :func:`properties.check_model` run; a property
@@ -120,7 +188,7 @@ def observed_hooks(model: HookedRootModule) -> set[str]:
     return fired
 
 
-def _smoke(model: HookedRootModule, watch: list[str]) -> tuple[list[str], set[str]]:
+def _smoke(model: ProtocolModel, watch: list[str]) -> tuple[list[str], set[str]]:
     """Problems with a two-token forward's logits, and which of ``watch`` fired in it."""
     cfg = model.cfg
     n = min(2, cfg.n_ctx)
@@ -143,7 +211,7 @@ def _smoke(model: HookedRootModule, watch: list[str]) -> tuple[list[str], set[st
     return [], fired
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
+def model_device(model: AnyModel) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
@@ -207,7 +275,7 @@ class _Patcher:
 
 
 @torch.no_grad()
-def run(model: HookedRootModule, tokens: Tensor, *, attention_mask: Optional[Tensor] = None,
+def run(model: ProtocolModel, tokens: Tensor, *, attention_mask: Optional[Tensor] = None,
         position_offset: int = 0, capture: Iterable[str] = (),
         patch: Optional[dict[str, Tensor]] = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Logits (float64) and the activations at the ``capture`` hook points (as the model produced them).
@@ -228,7 +296,7 @@ def run(model: HookedRootModule, tokens: Tensor, *, attention_mask: Optional[Ten
     tokens = tokens.to(device)
     mask = attention_mask.to(device) if attention_mask is not None else None
     applied: set[str] = set()
-    hooks = [(name, _Patcher(value, errors, applied, name)) for name, value in patch.items()]
+    hooks: FwdHooks = [(name, _Patcher(value, errors, applied, name)) for name, value in patch.items()]
     hooks += [(name, _Saver(store, errors, name)) for name in capture]
     with model.hooks(fwd_hooks=hooks):
         logits = call_model(model, tokens, attention_mask=mask, position_offset=position_offset)
