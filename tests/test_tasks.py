@@ -1,11 +1,10 @@
 """harness.train.tasks: every task's batches checked against an independent recomputation in plain Python."""
 
-import math
 
 import pytest
 import torch
 
-from harness.train.tasks import TASKS, accuracy, make_task, shifted
+from harness.train.tasks import TASKS, make_task, shifted
 from harness.train.text_corpus import collect_files, split_files
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -190,14 +189,16 @@ def test_batch_arguments_are_checked():
         task.batch(2, 0)
 
 
-def test_accuracy_counts_the_masked_next_token_predictions():
+def test_shifted_pairs_each_masked_target_with_the_prediction_before_it():
     tokens = torch.tensor([[1, 2, 3, 0]])
     mask = torch.tensor([[False, True, False, True]])
     logits = torch.zeros(1, 4, 5)
-    logits[0, 0, 2] = 1.0  # predicts token 2 at position 1: right
-    logits[0, 2, 4] = 1.0  # predicts 4 at position 3, which holds 0: wrong
-    logits[0, 1, 0] = 1.0  # position 2 is not a target, so this does not count
-    assert accuracy(logits, tokens, mask) == 0.5
-    assert math.isnan(accuracy(logits, tokens, torch.zeros_like(mask)))
+    logits[0, 0, 2] = 1.0  # position 0 predicts position 1, a target
+    logits[0, 2, 4] = 1.0  # position 2 predicts position 3, a target
+    logits[0, 1, 0] = 1.0  # position 1 predicts position 2, not a target: left out
+    pred, target = shifted(logits, tokens, mask)
+    assert target.tolist() == [2, 0] and pred.argmax(-1).tolist() == [2, 4]
+    pred, target = shifted(logits, tokens, torch.zeros_like(mask))
+    assert pred.shape == (0, 5) and target.numel() == 0
     with pytest.raises(ValueError, match="shapes disagree"):
-        accuracy(logits[:, :3], tokens, mask)
+        shifted(logits[:, :3], tokens, mask)

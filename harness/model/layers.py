@@ -9,8 +9,9 @@ explicit softmax path, which materializes the pattern.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import torch.nn.functional as F
@@ -91,14 +92,14 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.cfg = cfg
-        H, Hkv, dh, d = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+        # cast: ModelConfig.__post_init__ resolves d_head (None = d_model // n_heads)
+        H, Hkv, dh, d = cfg.n_heads, cfg.n_kv_heads, cast(int, cfg.d_head), cfg.d_model
         self.n_heads, self.n_kv, self.d_head = H, Hkv, dh
         self.qkv = nn.Linear(d, (H + 2 * Hkv) * dh, bias=cfg.attn_bias, dtype=dtype)
         self.o = nn.Linear(H * dh, d, bias=cfg.attn_bias, dtype=dtype)
         # §3.2.1: dot products grow like d_k, so scores are scaled by 1/sqrt(d_k).
         self.scale = 1.0 / math.sqrt(dh) if cfg.use_attn_scale else 1.0
         self.rotary = cfg.positional_embedding_type == "rotary"
-        self.force_explicit = False  # testing aid: take the explicit path even when unhooked
 
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]
         self.hook_k = HookPoint()  # [batch, pos, n_heads, d_head] (K/V heads repeated for GQA)
@@ -171,13 +172,14 @@ class Attention(nn.Module):
             v = v.repeat_interleave(H // Hkv, dim=2)
         q, k, v = hook(self.hook_q, q), hook(self.hook_k, k), hook(self.hook_v, v)
         if self.rotary:
-            q = hook(self.hook_rot_q, apply_rotary(q, ctx.cos, ctx.sin))
-            k = hook(self.hook_rot_k, apply_rotary(k, ctx.cos, ctx.sin))
+            cos, sin = cast(Tensor, ctx.cos), cast(Tensor, ctx.sin)  # Transformer._context sets them for rotary
+            q = hook(self.hook_rot_q, apply_rotary(q, cos, sin))
+            k = hook(self.hook_rot_k, apply_rotary(k, cos, sin))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, n_heads, pos, d_head]
         if cache is not None:
             k, v = cache.extend(k, v)
 
-        if self.force_explicit or active(self.hook_attn_scores) or active(self.hook_pattern):
+        if active(self.hook_attn_scores) or active(self.hook_pattern):
             # In place on the fresh scores tensor: the same values without a [batch, n_heads, q, k] copy
             # per step (autograd-safe: neither matmul nor a scalar product nor a fill needs its output).
             # The ALiBi add stays out of place: it may promote the dtype (bf16 scores + float32 bias).
@@ -205,7 +207,7 @@ class Attention(nn.Module):
         return self.o(z.reshape(b, p, H * dh))
 
 
-_ACTS = {
+_ACTS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
@@ -224,10 +226,11 @@ class MLP(nn.Module):
         super().__init__()
         self.gated = cfg.gated_mlp
         self.act = _ACTS[cfg.act_fn]
-        self.w_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias, dtype=dtype)
+        d_mlp = cast(int, cfg.d_mlp)  # ModelConfig.__post_init__ resolves it (None = 4 * d_model)
+        self.w_in = nn.Linear(cfg.d_model, d_mlp, bias=cfg.mlp_bias, dtype=dtype)
         if self.gated:
-            self.w_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False, dtype=dtype)
-        self.w_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias, dtype=dtype)
+            self.w_gate = nn.Linear(cfg.d_model, d_mlp, bias=False, dtype=dtype)
+        self.w_out = nn.Linear(d_mlp, cfg.d_model, bias=cfg.mlp_bias, dtype=dtype)
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
         if self.gated:
             self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp]

@@ -16,7 +16,6 @@ Tasks (``seq_len`` default in brackets):
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Optional
 
@@ -322,11 +321,3 @@ def shifted(logits: Tensor, tokens: Tensor, loss_mask: Tensor) -> tuple[Tensor, 
                          f"loss_mask {tuple(loss_mask.shape)}: expected [batch, pos(, d_vocab)] alike")
     m = loss_mask[:, 1:]
     return logits[:, :-1][m], tokens[:, 1:][m]
-
-
-def accuracy(logits: Tensor, tokens: Tensor, loss_mask: Tensor) -> float:
-    """Fraction of masked positions whose argmax prediction is the token there (NaN if none)."""
-    pred, target = shifted(logits, tokens, loss_mask)
-    if target.numel() == 0:
-        return math.nan
-    return float((pred.argmax(-1) == target).float().mean())
