@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any, Optional, overload
 
 import torch
 from torch import Tensor
 
+from probes import _shard
 from probes._validate import ModelInfo, ProbeData, z_hook
 
 # Rows x positions per forward pass when the caller gives no batch_size: large enough that
@@ -127,6 +128,10 @@ def _chunks(data: ProbeData, rows: int) -> Iterator[tuple[Tensor, Optional[Tenso
         yield data.tokens[s:s + step], am, data.weights[s:s + step]
 
 
+@overload
+def _repeat(t: Tensor, k: int) -> Tensor: ...
+@overload
+def _repeat(t: Optional[Tensor], k: int) -> Optional[Tensor]: ...
 def _repeat(t: Optional[Tensor], k: int) -> Optional[Tensor]:
     if t is None or k == 1:
         return t
@@ -156,28 +161,31 @@ def masked_stats(model: Any, info: ModelInfo, data: ProbeData, masks: Tensor, *,
     rows = rows_per_pass(batch_size, data.pos)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=info.device)
     correct_sum = torch.zeros(k, dtype=torch.float64, device=info.device)
+    # The passes (masks riding together) are the same for every data chunk, so under torchrun each
+    # pass, with all its chunks, belongs to one rank (probes._shard): the sum over ranks is exact.
+    per_pass = max(1, rows // min(data.n, rows))
+    passes = [(layer, idx[j:j + per_pass]) for layer, idx in groups for j in range(0, len(idx), per_pass)]
+    passes = [p for i, p in enumerate(passes) if _shard.owner(i) == _shard.world()[0]]
     with eval_mode(model), torch.no_grad():
         for tok, am, w in _chunks(data, rows):
-            b = tok.shape[0]
             resid: list[Tensor] = []
-            if info.prefix_reuse:  # residual entering each needed layer, under the base mask, computed once
+            if info.prefix_reuse and passes:  # residual entering each needed layer, under the base mask, once
                 resid.append(run(model, info, tok, am, [], stop=0))
-                for layer in range(int(first.max())):
+                for layer in range(max(layer for layer, _ in passes)):
                     hooks = _layer_hooks(base[None], range(layer, layer + 1), means)
                     resid.append(run(model, info, resid[layer], am, hooks, start=layer, stop=layer + 1))
-            per_pass = max(1, rows // b)
-            for layer, idx in groups:
-                for j in range(0, len(idx), per_pass):
-                    sel = idx[j:j + per_pass]
-                    kk = len(sel)
-                    hooks = _layer_hooks(masks[sel], range(layer, L), means)
-                    if info.prefix_reuse:
-                        logits = run(model, info, _repeat(resid[layer], kk), _repeat(am, kk), hooks, start=layer)
-                    else:
-                        logits = run(model, info, _repeat(tok, kk), _repeat(am, kk), hooks)
-                    nll, correct = token_nll(logits, tok, kk)
-                    loss_sum[sel] += (nll * w).sum((1, 2)).double()
-                    correct_sum[sel] += (correct.float() * w).sum((1, 2)).double()
+            for layer, sel in passes:
+                kk = len(sel)
+                hooks = _layer_hooks(masks[sel], range(layer, L), means)
+                if info.prefix_reuse:
+                    logits = run(model, info, _repeat(resid[layer], kk), _repeat(am, kk), hooks, start=layer)
+                else:
+                    logits = run(model, info, _repeat(tok, kk), _repeat(am, kk), hooks)
+                nll, correct = token_nll(logits, tok, kk)
+                loss_sum[sel] += (nll * w).sum((1, 2)).double()
+                correct_sum[sel] += (correct.float() * w).sum((1, 2)).double()
+    _shard.combine(loss_sum)
+    _shard.combine(correct_sum)
     total = data.weights.sum().double()
     return (loss_sum / total)[inverse], (correct_sum / total)[inverse]
 
