@@ -160,6 +160,7 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
         missing.append("no hook_dict (call setup() at the end of __init__)")
     missing += _forward_problems(model)
     watch: list[str] = []
+    checked = cast(ProtocolModel, model)  # used only once cfg, hook_dict and forward passed the checks above
     if not missing and hooks:
         watch = [name for name in required_hooks(checked.cfg) if name in checked.hook_dict]
         missing += [f"no hook point {name}" for name in required_hooks(checked.cfg) if name not in checked.hook_dict]
@@ -167,7 +168,6 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
         problems, fired = _smoke(checked, watch)
         missing += problems
         if not problems:
-    checked = cast(ProtocolModel, model)  # used only once cfg, hook_dict and forward passed the checks above
             missing += [f"hook point {name} never fires in a forward pass" for name in watch if name not in fired]
     if missing:
         raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
