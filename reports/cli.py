@@ -14,7 +14,14 @@ from typing import Any, Optional
 
 import click
 
-from reports.options import BENCH_MODES, comma_ints, model_and_train_configs, model_options, train_options
+from reports.options import (
+    BENCH_MODES,
+    comma_ints,
+    model_and_train_configs,
+    model_options,
+    preset_option,
+    train_options,
+)
 
 EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_BUG = 2, 130, 1
 
@@ -34,7 +41,8 @@ class CliError(click.ClickException):
     def __init__(self, message: str, exit_code: Optional[int] = None):
         super().__init__(" ".join(str(message).split()) or "failed")  # one line, whatever the message held
         if exit_code is not None:
-            self.exit_code = exit_code
+            # click declares exit_code a ClassVar; a per-instance code is what CliError adds
+            self.exit_code = exit_code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
         click.echo(f"attnlab: {self.format_message()}", err=True)
@@ -121,6 +129,7 @@ def _progress_opt(f):
 @cli.command(short_help="Train a model into a run directory.")
 @click.option("--out", "run_dir", required=True, type=click.Path(path_type=str),
               help="Run directory to create (checkpoint/, metrics.csv).")
+@preset_option
 @model_options
 @train_options
 @click.option("--resume", is_flag=True, help="Continue the run in --out up to --steps.")
@@ -128,16 +137,17 @@ def _progress_opt(f):
 @click.option("--stop-after", type=click.IntRange(min=1), default=None,
               help="Stop after this step, as an interruption would (resume later with --resume).")
 @_progress_opt
-def train(run_dir: str, resume: bool, overwrite: bool, stop_after: Optional[int], progress: Optional[bool],
-          **fields: Any) -> None:
+def train(run_dir: str, preset_name: Optional[str], resume: bool, overwrite: bool, stop_after: Optional[int],
+          progress: Optional[bool], **fields: Any) -> None:
     """Train a model into a run directory (checkpoint/, metrics.csv).
 
-    Every model and training option defaults to the demo configuration's value
-    (harness.demo_configs()), so `attnlab train --out run` trains the demo model.
+    Every model and training option defaults to the preset's value (--preset, default induction:
+    the demo configuration, harness.demo_configs()), so `attnlab train --out run` trains the demo
+    model and `attnlab train --out run --preset text` the byte-level text model.
     """
     from reports import pipeline
 
-    model_cfg, train_cfg = model_and_train_configs(fields)
+    model_cfg, train_cfg = model_and_train_configs(fields, preset_name)
     metrics = pipeline.train(model_cfg, train_cfg, run_dir, resume=resume, overwrite=overwrite,
                              stop_after=stop_after, progress=progress)
     last = metrics.dropna(subset=["val_accuracy"]).tail(1)
@@ -201,8 +211,8 @@ def saturation(out_dir: str, d_heads: tuple[int, ...], seeds: tuple[int, ...], p
     for scaled in (True, False):
         sub = table[table["scaled"] == scaled]
         click.echo(f"{'scaled' if scaled else 'unscaled':>8}: log-log slope of score variance "
-                   f"{figures.loglog_slope(sub, 'score_var'):+.2f}, of attention entropy "
-                   f"{figures.loglog_slope(sub, 'entropy'):+.2f}")
+                   f"{figures.loglog_slope_or_nan(sub, 'score_var'):+.2f}, of attention entropy "
+                   f"{figures.loglog_slope_or_nan(sub, 'entropy'):+.2f}")
     click.echo(f"wrote {os.path.join(out_dir, 'saturation.csv')} and {os.path.join(out_dir, 'figures')}")
 
 
@@ -219,6 +229,7 @@ def report(run_dir: str) -> None:
 @cli.command(short_help="Train, check, probe, sweep, report: the whole tour.")
 @click.option("--out", "out_dir", default="attnlab-demo", show_default=True, type=click.Path(path_type=str),
               help="Run directory for the demo.")
+@preset_option
 @model_options
 @train_options
 @click.option("--overwrite", is_flag=True, help="Replace a run already in --out.")
@@ -231,17 +242,18 @@ def report(run_dir: str) -> None:
 @click.option("--seeds", type=comma_ints, default="0,1,2", show_default=True,
               help="Seeds of the random prune orders and of the saturation sweep.")
 @_progress_opt
-def demo(out_dir: str, overwrite: bool, check_examples: int, sequences: int, d_heads: tuple[int, ...],
-         seeds: tuple[int, ...], progress: Optional[bool], **fields: Any) -> None:
+def demo(out_dir: str, preset_name: Optional[str], overwrite: bool, check_examples: int, sequences: int,
+         d_heads: tuple[int, ...], seeds: tuple[int, ...], progress: Optional[bool], **fields: Any) -> None:
     """Train the default induction model, check it, probe it, sweep saturation and write the report.
 
-    Model and training options override the demo configuration's values (harness.demo_configs()),
-    for a quicker or a bigger run.
+    --preset picks another starting point (induction-wide, text, ...); model and training options
+    override the preset's values (default: the demo configuration, harness.demo_configs()), for a
+    quicker or a bigger run.
     """
     from reports import pipeline
     from reports.render import pct
 
-    model_cfg, train_cfg = model_and_train_configs(fields)
+    model_cfg, train_cfg = model_and_train_configs(fields, preset_name)
     click.echo(f"attnlab demo -> {out_dir}: {model_cfg.n_layers} layers x {model_cfg.n_heads} heads, "
                f"d_model {model_cfg.d_model}, task {train_cfg.task}, {train_cfg.steps} steps")
     result = pipeline.demo(out_dir, model_cfg, train_cfg, overwrite=overwrite, check_examples=check_examples,

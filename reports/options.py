@@ -1,7 +1,8 @@
 """Click options that map one to one onto ``ModelConfig`` and ``TrainConfig`` fields.
 
-An option left unset keeps the demo configuration's value (``harness.demo_configs()``), so
-``attnlab train --out run --steps 200`` is the demo model trained for 200 steps. Validation is
+An option left unset keeps the preset's value (``--preset NAME``, default ``induction``, the demo
+configuration ``harness.demo_configs()``), so ``attnlab train --out run --steps 200`` is the demo
+model trained for 200 steps and ``--preset text --steps 50`` the text preset cut short. Validation is
 the dataclasses' own: a value they refuse becomes the CLI's one-line error.
 """
 
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import click
 
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORM_PLACEMENTS, POSITIONAL_TYPES
 from harness.train.config import DEVICES, OPTIMIZERS, SCHEDULES
+from harness.train.presets import PRESETS, preset
 from harness.train.tasks import TASKS
 
 BENCH_MODES = {False: "short", True: "full"}
@@ -201,11 +203,17 @@ def _value(value: Any) -> Any:
     return None if value is EXPLICIT_NONE else value
 
 
-def model_and_train_configs(values: dict[str, Any]) -> tuple[Any, Any]:
-    """The demo configs with every option that was given applied; the dataclasses validate."""
-    import harness
+def preset_option(f: Callable) -> Callable:
+    """``--preset NAME``: the configs the other options start from (default: the demo's, ``induction``)."""
+    return click.option("--preset", "preset_name", default=None, metavar="NAME",
+                        help=f"Named preset to start from: {', '.join(PRESETS)} (default induction; explicit "
+                             "options override its values).")(f)
 
-    base_model, base_train = harness.demo_configs()
+
+def model_and_train_configs(values: dict[str, Any], preset_name: Optional[str] = None) -> tuple[Any, Any]:
+    """The preset's configs (the demo's, ``induction``, by default) with every option that was given
+    applied; the dataclasses validate. An unknown preset is a ValueError listing the known ones."""
+    base_model, base_train = preset("induction" if preset_name is None else preset_name)
     model_changes: dict[str, Any] = {}
     for option, field, _kind, _text in MODEL_FIELDS:
         value = values.pop(_param_name(option, "model__"))
