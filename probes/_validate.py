@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-METHODS = ("ablation", "mean_ablation", "gradient")
+METHODS = ("ablation", "mean_ablation", "gradient", "l0_gates")
 ORDERS = ("importance", "random")
 METRICS = ("pattern", "output")
 

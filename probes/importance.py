@@ -1,6 +1,6 @@
 """Head importance: how much the loss depends on each attention head.
 
-Three estimates, all through the gate mechanism of :mod:`probes.gates`:
+Four estimates, all through the gate mechanism of :mod:`probes.gates`:
 
 - ``ablation``: remove one head at a time (its ``hook_z`` output set to 0) and measure the
   change of the next-token loss, exactly (leave-one-out);
@@ -11,6 +11,9 @@ Three estimates, all through the gate mechanism of :mod:`probes.gates`:
   eq. 2: ``I_h = E_x |dL(x)/dxi_h|`` for a gate ``xi_h`` on the head's output held at 1; one
   forward and one backward pass. ``normalize=True`` divides each layer's scores by their L2 norm,
   as they do (§4.1, after Molchanov et al. 2017).
+- ``l0_gates``: Voita et al. (2019), §4: hard-concrete gates (Louizos et al. 2018) on every head,
+  trained on the frozen model with the task loss plus an L0 penalty; the importance is each gate's
+  probability of being non-zero (:mod:`probes.l0_gates`; options in :class:`probes.L0Options`).
 
 A larger importance means a more important head; for the ablations importance is the loss change
 itself (it may be negative: removing the head helps).
@@ -24,7 +27,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from probes import gates
+from probes import gates, l0_gates
 from probes._validate import (
     METHODS,
     ModelInfo,
@@ -56,10 +59,16 @@ def leave_one_out(model: Any, info: ModelInfo, data: ProbeData, *, base: Optiona
 
 
 def importance_scores(model: Any, info: ModelInfo, data: ProbeData, method: str, *, base: Optional[Tensor] = None,
-                      means: Optional[Tensor] = None, batch_size: Optional[int] = None) -> tuple[Tensor, Tensor]:
-    """``(importance, loss_delta)``, each ``[n_layers, n_heads]`` float64, for an already validated call."""
+                      means: Optional[Tensor] = None, batch_size: Optional[int] = None,
+                      l0: Optional[l0_gates.L0Options] = None) -> tuple[Tensor, Tensor]:
+    """``(importance, loss_delta)``, each ``[n_layers, n_heads]`` float64, for an already validated call.
+
+    ``l0_gates`` has no measured loss change: its ``loss_delta`` is NaN."""
     if method == "gradient":
         return gates.gate_gradients(model, info, data, base=base, means=means, batch_size=batch_size)
+    if method == "l0_gates":
+        probs, _ = l0_gates.train_gates(model, info, data, l0_gates.L0Options() if l0 is None else l0, base=base)
+        return probs, torch.full_like(probs, float("nan"))
     delta, _ = leave_one_out(model, info, data, base=base, means=means, batch_size=batch_size)
     return delta, delta
 
@@ -73,7 +82,8 @@ def layer_normalize(scores: Tensor) -> Tensor:
 
 def head_importance(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, method: str = "ablation",
                     batch_size: Optional[int] = None, normalize: bool = False,
-                    attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
+                    attention_mask: Optional[Tensor] = None,
+                    l0_options: Optional[l0_gates.L0Options] = None) -> pd.DataFrame:
     """Importance of every head: ``DataFrame[layer, head, importance, loss_delta]``.
 
     ``tokens`` ``[n, pos]``; the loss is the next-token cross-entropy over the targets selected by
@@ -82,17 +92,24 @@ def head_importance(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] =
     ablations, the first-order estimate ``-dL/dxi_h`` for ``gradient``. ``normalize`` applies the
     per-layer L2 normalization to ``importance``. ``batch_size`` bounds the sequences per forward
     pass (copies for different masks count separately). ``attrs["baseline_loss"]`` holds the
-    unablated loss for the ablation methods.
+    unablated loss for the ablation methods. For ``l0_gates``, ``importance`` is each gate's
+    probability of being non-zero after training (``l0_options``, default :class:`probes.L0Options`:
+    its seed makes the call deterministic), ``loss_delta`` is NaN, and ``attrs`` holds the gates'
+    last task loss and expected number of open gates.
     """
     check_choice("method", method, METHODS)
     check_bool("normalize", normalize)
     batch_size = check_batch_size(batch_size)
+    l0 = l0_gates.check_options(l0_options)
     info = model_info(model)
     data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
-    baseline = None
+    baseline, extra = None, dict[str, Any]()
     if method == "gradient":
         importance, delta = gates.gate_gradients(model, info, data, batch_size=batch_size)
+    elif method == "l0_gates":
+        importance, extra = l0_gates.train_gates(model, info, data, l0)
+        delta = torch.full_like(importance, float("nan"))
     else:
         delta, baseline = leave_one_out(model, info, data, means=means, batch_size=batch_size)
         importance = delta
@@ -105,5 +122,5 @@ def head_importance(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] =
         "importance": importance.flatten().cpu().numpy(),
         "loss_delta": delta.flatten().cpu().numpy(),
     })
-    frame.attrs.update(method=method, normalize=normalize, baseline_loss=baseline)
+    frame.attrs.update(method=method, normalize=normalize, baseline_loss=baseline, **extra)
     return frame
