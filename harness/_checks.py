@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard
 
 # torch.Generator.manual_seed takes at most 64 bits; 63 leaves room for derived seeds (seed + offset).
 MAX_SEED = 2**63 - 1
@@ -22,7 +22,7 @@ def invalid(name: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"{name}={value!r} is invalid: expected {expected}")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """An ``int`` that is not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
 

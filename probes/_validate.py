@@ -10,6 +10,7 @@ import inspect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Optional
 
 import torch
@@ -78,7 +79,7 @@ def model_info(model: Any, *, need_pattern: bool = False) -> ModelInfo:
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        params = {}
+        params = MappingProxyType({})
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     return ModelInfo(
         n_layers=values["n_layers"], n_heads=values["n_heads"], d_vocab=values["d_vocab"],

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import pandas as pd
 import torch
+from torch import Tensor
 
 from harness import ModelConfig, Transformer
+from harness._checks import check_int, check_ints
+from harness.adapters.protocol import FwdHooks
 
 COLUMNS = ["d_head", "scaled", "seed", "score_var", "entropy", "max_prob", "jacobian_norm", "qk_grad_norm"]
 
@@ -60,7 +64,7 @@ def _measure(d_head: int, scaled: bool, seed: int, d_model: int, n_pos: int, bat
             acts[name] = t
         return fn
 
-    hooks = [("blocks.0.attn.hook_q", keep("q", True)), ("blocks.0.attn.hook_k", keep("k", True)),
+    hooks: FwdHooks = [("blocks.0.attn.hook_q", keep("q", True)), ("blocks.0.attn.hook_k", keep("k", True)),
              ("blocks.0.attn.hook_attn_scores", keep("scores")), ("blocks.0.attn.hook_pattern", keep("pattern")),
              ("blocks.0.attn.hook_z", keep("z"))]
     with model.hooks(fwd_hooks=hooks):
@@ -68,7 +72,8 @@ def _measure(d_head: int, scaled: bool, seed: int, d_model: int, n_pos: int, bat
     (acts["z"] * upstream).sum().backward()
     p = acts["pattern"].detach().double()  # [batch, 1, q, k]
     entropy = -(p * p.clamp(min=1e-300).log()).sum(-1)
-    grad = torch.cat((acts["q"].grad, acts["k"].grad), dim=-1).double()  # [batch, pos, 1, 2 d_head]
+    q_grad, k_grad = cast(Tensor, acts["q"].grad), cast(Tensor, acts["k"].grad)  # retain_grad() above
+    grad = torch.cat((q_grad, k_grad), dim=-1).double()  # [batch, pos, 1, 2 d_head]
     return dict(d_head=d_head, scaled=scaled, seed=seed,
                 score_var=float(acts["scores"].detach().double().var()),
                 entropy=float(entropy.mean()), max_prob=float(p.amax(-1).mean()),

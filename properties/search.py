@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
 from hypothesis import seed as hypothesis_seed
@@ -85,7 +85,7 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
             raise Violation(deviation, f"{describe(example)}: {where}")
 
     configured = settings(
-        max_examples=max_examples or settings.default.max_examples,
+        max_examples=max_examples or cast(settings, settings.default).max_examples,
         database=None,  # a property run must not read or write a project's example database
         deadline=None,
         derandomize=False,  # the seed decides

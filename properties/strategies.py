@@ -10,17 +10,19 @@ Profiles, chosen by the ``HYPOTHESIS_PROFILE`` environment variable through :fun
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
+from harness._checks import check_int, is_int
 from harness.model.config import ModelConfig
 
-PROFILES = {
+PROFILES: dict[str, dict[str, Any]] = {
     "ci": dict(derandomize=True, max_examples=25, deadline=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]),
     "dev": dict(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
@@ -55,8 +57,8 @@ def _check_range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
         raise ValueError(f"{hi_name}={hi} is invalid: expected >= {lo_name}={lo}")
 
 
-def _check_subset(name: str, values: object, allowed: tuple) -> tuple:
-    values = tuple(values)  # type: ignore[arg-type]
+def _check_subset(name: str, values: Iterable[Any], allowed: tuple) -> tuple:
+    values = tuple(values)
     if not values or any(v not in allowed for v in values):
         raise ValueError(f"{name}={values!r} is invalid: expected a non-empty subset of {list(allowed)}")
     return values

@@ -165,10 +165,11 @@ def saturation(df: pd.DataFrame) -> Figure:
             ax.set(xlabel="d_head", ylabel=label, title=title)
         first = fig.axes[0]
         handles, labels = first.get_legend_handles_labels()
-        if first.get_legend() is not None:
-            first.get_legend().remove()
-        slopes = {SCALED_LABELS[True]: loglog_slope(df[df["scaled"].astype(bool)], "score_var"),
-                  SCALED_LABELS[False]: loglog_slope(df[~df["scaled"].astype(bool)], "score_var")}
+        legend = first.get_legend()
+        if legend is not None:
+            legend.remove()
+        slopes = {SCALED_LABELS[True]: loglog_slope_or_nan(df[df["scaled"].astype(bool)], "score_var"),
+                  SCALED_LABELS[False]: loglog_slope_or_nan(df[~df["scaled"].astype(bool)], "score_var")}
         labels = [f"{lab}: score-variance slope {slopes[lab]:.2f}" if lab in slopes else lab for lab in labels]
         fig.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
     return fig

@@ -207,10 +207,10 @@ def redundancy_rows(red: dict[str, Any]) -> list[tuple[str, str]]:
             used.add(key)
     layers = sorted({int(k.rsplit("_L", 1)[1]) for k in red if re.fullmatch(r".+_L\d+", k)})
     for layer in layers:
-        for prefix, label, how in REDUNDANCY_PER_LAYER:
+        for prefix, label, layer_how in REDUNDANCY_PER_LAYER:
             key = f"{prefix}{layer}"
             if key in red:
-                value = f"L{layer}H{int(red[key])}" if how is None else how(red[key])
+                value = f"L{layer}H{int(red[key])}" if layer_how is None else layer_how(red[key])
                 rows.append((label.format(l=layer), value))
                 used.add(key)
     rows += [(k, fmt(v)) for k, v in sorted(red.items()) if k not in used]

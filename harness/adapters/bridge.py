@@ -51,9 +51,9 @@ class BridgeAdapter(HookedRootModule):
     (Hugging Face models otherwise number positions by index).
     """
 
-    def __init__(self, bridge: nn.Module):
+    def __init__(self, bridge: Any):  # a TransformerBridge (checked below); its attributes are dynamic
         super().__init__()
-        if not _is_bridge(bridge):
+        if not is_bridge(bridge):
             raise TypeError(f"BridgeAdapter expects a transformer_lens TransformerBridge, got {type(bridge).__name__}")
         if "blocks.0.attn.hook_pattern" not in bridge.hook_dict:
             # TransformerLens hook names live in compatibility mode; no_processing keeps the weights as given

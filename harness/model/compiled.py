@@ -8,6 +8,7 @@ eager model otherwise: a hook attached at any time fires, and idle hooks keep th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,6 +22,8 @@ class HookAwareCompiled(nn.Module):
 
     Checking every hook point costs about a microsecond per hundred points, once per call.
     """
+
+    _compiled: Callable[..., Any]  # set with object.__setattr__, outside the module tree (see __init__)
 
     def __init__(self, model: nn.Module, **compile_kwargs: Any):
         super().__init__()

@@ -11,9 +11,17 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
-from harness._checks import check_bool, check_choice, check_int, check_number, check_seed, invalid
+from harness._checks import (
+    MAX_SEED,  # noqa: F401 - re-exported: the seed bound is part of what a config accepts
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_seed,
+    invalid,
+)
 
 ACT_FNS = ("relu", "gelu", "gelu_new", "silu")
 NORMALIZATION_TYPES = ("LN", "RMS", None)
@@ -28,7 +36,7 @@ class _JSONMixin:
     """JSON round-trip shared by the config dataclasses."""
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)  # type: ignore[arg-type]
+        return dataclasses.asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
 
     def to_json(self, path: Optional[str | Path] = None) -> str:
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -123,7 +131,7 @@ class ModelConfig(_JSONMixin):
             if self.n_heads % self.n_key_value_heads:
                 raise invalid("n_key_value_heads", self.n_key_value_heads,
                             f"a divisor of n_heads={self.n_heads}")
-        if self.positional_embedding_type == "rotary" and self.d_head % 2:
+        if self.positional_embedding_type == "rotary" and cast(int, self.d_head) % 2:  # resolved above
             raise invalid("d_head", self.d_head, "an even number for rotary embeddings (RoPE rotates pairs)")
         if self.positional_embedding_type == "sinusoidal" and self.d_model % 2:
             raise invalid("d_model", self.d_model, "an even number for sinusoidal embeddings (sin/cos pairs)")

@@ -18,7 +18,7 @@ class KVCacheEntry:
         self.v: Optional[Tensor] = None
 
     def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is not None:
+        if self.k is not None and self.v is not None:
             k = torch.cat((self.k, k), dim=2)
             v = torch.cat((self.v, v), dim=2)
         self.k, self.v = k, v

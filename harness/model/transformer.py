@@ -16,7 +16,7 @@ before it, so left padding does not move positions.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +61,8 @@ class _BoundConfig:
 
 class Transformer(HookedRootModule):
     """Decoder (causal) or encoder (bidirectional) Transformer following the model protocol."""
+
+    alibi_slopes: Tensor  # [n_heads] buffer, ALiBi models only
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -158,7 +160,7 @@ class Transformer(HookedRootModule):
             allowed = allowed[:, None]
         cos = sin = bias = None
         if self.pos_type == "rotary":
-            cos, sin = rotary_cos_sin(q_pos, cfg.d_head, cfg.rotary_base, dtype)
+            cos, sin = rotary_cos_sin(q_pos, cast(int, cfg.d_head), cfg.rotary_base, dtype)  # resolved by config
             cos, sin = cos[:, :, None], sin[:, :, None]
         elif self.pos_type == "alibi":
             bias = alibi_bias(q_pos, k_pos, self.alibi_slopes, dtype)

@@ -23,7 +23,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ def _unb64(s: str) -> Tensor:
 
 def rng_state(task_generator: torch.Generator) -> dict:
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state = cast(tuple, np.random.get_state())  # the legacy tuple form: get_state's default
     return {
         "torch": _b64(torch.get_rng_state()),
         "task": _b64(task_generator.get_state()),

@@ -54,7 +54,7 @@ class _InterruptFlag:
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: Any = None  # the SIGINT handler to restore (signal.signal's union type)
         self._installed = False
 
     def __enter__(self) -> _InterruptFlag:
@@ -263,7 +263,7 @@ class _Loop:
         n = float(totals[2])
         return (float(totals[0]) / n, float(totals[1]) / n) if n else (math.nan, math.nan)
 
-    def _diverged(self, step: int, what: str, value: float) -> TrainingDiverged:
+    def _diverged(self, step: int, what: str, value: float | str) -> TrainingDiverged:
         kept = (f"the last good checkpoint (step {self.last_saved}) in {self.run_dir / ckpt.CHECKPOINT} is kept"
                 if self.last_saved is not None else "no checkpoint was written")
         return TrainingDiverged(f"training diverged at step {step}: the {what} is {value}; {kept}. "

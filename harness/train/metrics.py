@@ -11,6 +11,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any, Optional, TextIO
 
 import pandas as pd
 import torch
@@ -57,7 +58,7 @@ def flops_per_token(model: nn.Module, seq_len: int) -> float:
     attention score and value products (QK^T and AV, 2·2·L·d·T forward, times 3 with the
     backward) with d = n_heads·d_head and T the sequence length.
     """
-    cfg = model.cfg
+    cfg: Any = model.cfg  # a protocol model's config (nn.Module attributes are untyped)
     d_attn = cfg.n_heads * cfg.d_head
     return 6.0 * non_embedding_params(model) + 12.0 * cfg.n_layers * d_attn * seq_len
 
@@ -106,7 +107,7 @@ class MetricsLog:
         self.path = Path(path)
         self.enabled = enabled
         self.rows: list[dict] = []
-        self._file = None
+        self._file: Optional[TextIO] = None
 
     def truncate_after(self, step: int) -> None:
         """Drop rows past ``step`` (written after the checkpoint a run resumes from), atomically."""

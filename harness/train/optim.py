@@ -25,7 +25,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     embedding and does not decay either.
     """
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay, seen = [], [], set()
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    seen: set[int] = set()
     for p in model.parameters():
         if id(p) in seen or not p.requires_grad:
             continue

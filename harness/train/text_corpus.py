@@ -23,7 +23,7 @@ _CACHE: dict[tuple, dict[str, Tensor]] = {}
 def default_paths() -> list[Path]:
     """The standard library's ``.py`` files, without installed third-party packages."""
     skip = {"site-packages", "dist-packages", "__pycache__"}
-    files = []
+    files: list[Path] = []
     for folder, dirs, names in os.walk(sysconfig.get_paths()["stdlib"]):
         dirs[:] = [d for d in dirs if d not in skip]  # prune: never descend into installed packages
         files.extend(Path(folder, n) for n in names if n.endswith(".py"))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -36,8 +36,8 @@ class Shape:
 
     def config(self, **overrides) -> ModelConfig:
         """Our model at this shape; exact GELU and an untied unembedding, as :class:`PlainGPT` has."""
-        fields = dict(n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, n_ctx=self.n_ctx,
-                      d_vocab=self.d_vocab, act_fn="gelu") | overrides
+        fields: dict[str, Any] = dict(n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
+                                      n_ctx=self.n_ctx, d_vocab=self.d_vocab, act_fn="gelu") | overrides
         return ModelConfig(**fields)
 
     def tokens(self, device: torch.device, extra: int = 0, seed: int = 0) -> torch.Tensor:
@@ -87,7 +87,7 @@ def device_sync(device: Optional[torch.device]) -> Callable[[], None]:
     return lambda: None
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2,
+def interleaved_times(fns: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 2,
                      device: Optional[torch.device] = None) -> dict[str, list[float]]:
     """Seconds of every call of each function, ``rounds`` per function, calls interleaved round by round.
 
