@@ -16,6 +16,17 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from harness._checks import (
+    check_bool,  # noqa: F401 - the probe modules import every check from here
+    check_choice,
+    check_ints,
+    check_number,
+    check_positive_int,
+    is_number,
+)
+from harness.adapters.bridge import BridgeAdapter, is_bridge
+from harness.adapters.protocol import AnyModel, check_protocol
+
 METHODS = ("ablation", "mean_ablation", "gradient", "l0_gates")
 ORDERS = ("importance", "random")
 METRICS = ("pattern", "output")
@@ -43,31 +54,21 @@ class ModelInfo:
     hook_points: dict = field(default_factory=dict, compare=False, repr=False)  # name -> HookPoint
 
 
-def _is_bridge(model: Any) -> bool:
-    try:  # TransformerLens's bridge re-runs blocks 0..k-1 under start_at_layer, so reuse saves nothing there
-        from transformer_lens.model_bridge.bridge_core import BridgeCore
-    except ImportError:  # pragma: no cover - older TransformerLens without bridges
-        return False
-    return isinstance(model, BridgeCore)
-
-
-def model_info(model: Any, *, need_pattern: bool = False) -> ModelInfo:
+def model_info(model: AnyModel, *, need_pattern: bool = False) -> ModelInfo:
     """Check ``model`` follows the model protocol far enough for the probes, and describe it."""
     if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "hooks", None)):
         raise TypeError(f"model must be a hooked torch.nn.Module (HookedRootModule or TransformerBridge) with a "
                         f"hooks() context manager, got {type(model).__name__}")
-    cfg = getattr(model, "cfg", None)
-    values = {}
-    for name in ("n_layers", "n_heads", "d_vocab"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TypeError(f"model.cfg.{name}={value!r} is invalid: expected a positive integer "
-                            f"(the model protocol's cfg)")
-        values[name] = value
     hook_dict = getattr(model, "hook_dict", None)
     if not isinstance(hook_dict, dict):
         raise TypeError(f"model {type(model).__name__} has no hook_dict: expected a HookedRootModule with setup() "
                         f"called, or a TransformerBridge")
+    # The one protocol checker (cfg fields and values, hook_dict), on the adapter a bridge gets. No smoke
+    # forward pass (forward=False): a probe refuses bad input before any forward pass, and it adapts to a
+    # forward without attention_mask.
+    check_protocol(BridgeAdapter(model) if is_bridge(model) else model, hooks=False, forward=False)
+    cfg = model.cfg
+    values = {name: getattr(cfg, name) for name in ("n_layers", "n_heads", "d_vocab")}
     needed = [z_hook(layer) for layer in range(values["n_layers"])]
     if need_pattern:
         needed += [pattern_hook(layer) for layer in range(values["n_layers"])]
@@ -85,7 +86,8 @@ def model_info(model: Any, *, need_pattern: bool = False) -> ModelInfo:
         n_layers=values["n_layers"], n_heads=values["n_heads"], d_vocab=values["d_vocab"],
         causal=attention_dir != "bidirectional", device=device,
         takes_attention_mask="attention_mask" in params,
-        prefix_reuse="start_at_layer" in params and "stop_at_layer" in params and not _is_bridge(model),
+        # TransformerLens's bridge re-runs blocks 0..k-1 under start_at_layer, so reuse saves nothing there
+        prefix_reuse="start_at_layer" in params and "stop_at_layer" in params and not is_bridge(model),
         hook_points={name: hook_dict[name] for name in needed},
     )
 
@@ -175,24 +177,13 @@ def prepare(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention_ma
     return ProbeData(tokens=tokens, attention_mask=am, weights=target.float())
 
 
-def check_choice(name: str, value: Any, choices: tuple) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name}={value!r} is invalid: expected one of {list(choices)}")
-    return value
-
-
 def check_batch_size(batch_size: Any) -> Optional[int]:
-    if batch_size is None:
-        return None
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is invalid: expected None or an integer >= 1")
-    return batch_size
+    return check_positive_int("batch_size", batch_size, none_ok=True)
 
 
 def check_tolerance(tolerance: Any) -> float:
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
-        raise ValueError(f"tolerance={tolerance!r} is invalid: expected a relative loss increase in (0, 1)")
-    return float(tolerance)
+    return float(check_number("tolerance", tolerance, 0, 1, high_inclusive=False,
+                              expected="a relative loss increase in (0, 1)"))
 
 
 def check_orders(order: Any) -> tuple[str, ...]:
@@ -205,12 +196,7 @@ def check_orders(order: Any) -> tuple[str, ...]:
 
 
 def check_seeds(seeds: Any) -> tuple[int, ...]:
-    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
-        raise ValueError(f"seeds={seeds!r} is invalid: expected a non-empty sequence of integers >= 0")
-    seeds = tuple(seeds)
-    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
-        raise ValueError(f"seeds={seeds!r} is invalid: expected a non-empty sequence of integers >= 0")
-    return tuple(dict.fromkeys(seeds))
+    return tuple(dict.fromkeys(check_ints("seeds", seeds, 0)))
 
 
 def check_fractions(fractions: Any) -> tuple[float, ...]:
@@ -222,18 +208,10 @@ def check_fractions(fractions: Any) -> tuple[float, ...]:
     if not values:
         raise ValueError("fractions=() is invalid: expected a non-empty sequence of numbers in [0, 1]")
     for f in values:
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or math.isnan(f) or not 0 <= f <= 1:
+        if not is_number(f) or math.isnan(f) or not 0 <= f <= 1:
             raise ValueError(f"fraction {f!r} in fractions is invalid: expected a number in [0, 1]")
     return tuple(float(f) for f in values)
 
 
 def check_threshold(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{name}={value!r} is invalid: expected a probability in (0, 1]")
-    return float(value)
-
-
-def check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is invalid: expected True or False")
-    return value
+    return float(check_number(name, value, 0, 1, expected="a probability in (0, 1]"))

@@ -38,8 +38,18 @@ class ProtocolConfig:
     n_key_value_heads: Optional[int] = None
 
 
-def _is_bridge(obj: Any) -> bool:
-    return isinstance(obj, nn.Module) and hasattr(obj, "hook_dict") and hasattr(obj, "original_model")
+def is_bridge(obj: Any) -> bool:
+    """Whether ``obj`` is a TransformerLens ``TransformerBridge`` (a hooked module around a Hugging Face model).
+
+    By type, not by attributes: an adapter around a Hugging Face model may carry ``original_model``
+    and ``hook_dict`` too. The one bridge test: :func:`harness.adapters.entry.wrap`, the adapter and
+    the probes all ask it.
+    """
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:  # pragma: no cover - older TransformerLens without bridges
+        return False
+    return isinstance(obj, TransformerBridge)
 
 
 class BridgeAdapter(HookedRootModule):

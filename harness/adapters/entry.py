@@ -12,23 +12,15 @@ from typing import Any
 
 from transformer_lens import HookedRootModule
 
-from harness.adapters.bridge import BridgeAdapter
+from harness.adapters.bridge import BridgeAdapter, is_bridge
 from harness.adapters.hf import HFAdapter, _is_pretrained
-
-
-def _is_transformer_bridge(model: Any) -> bool:
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-    except ImportError:  # pragma: no cover - older TransformerLens without bridges
-        return False
-    return isinstance(model, TransformerBridge)
 
 
 def wrap(model: Any) -> Any:
     """``model`` behind the model protocol (see the module docstring); TypeError for anything else."""
     if _is_pretrained(model):
         return HFAdapter.of(model)
-    if _is_transformer_bridge(model):
+    if is_bridge(model):
         return BridgeAdapter(model)
     if isinstance(model, HookedRootModule) and hasattr(model, "cfg"):
         return model

@@ -149,6 +149,10 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
     attached to them): a name in ``hook_dict`` that never fires is reported as such. The property
     suite calls ``hooks=False``: there a missing or silent hook makes only the properties that need
     it unobservable (see :func:`observed_hooks`), it does not reject the model.
+
+    ``forward=False`` skips the ``forward`` arguments and the smoke pass (hooks are then only looked
+    up, not fired): the probes call it so, since they refuse bad input before any forward pass and
+    adapt to a forward without ``attention_mask`` or ``position_offset``.
     """
     if not isinstance(model, HookedRootModule):
         hint = " (wrap a TransformerBridge with properties.BridgeAdapter)" if hasattr(model, "original_model") else ""
@@ -158,7 +162,8 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
         missing.append("no hook_dict (call setup() at the end of __init__)")
-    missing += _forward_problems(model)
+    if forward:
+        missing += _forward_problems(model)
     watch: list[str] = []
     checked = cast(ProtocolModel, model)  # used only once cfg, hook_dict and forward passed the checks above
     if not missing and hooks:
