@@ -35,44 +35,18 @@ from harness._checks import check_int, is_number
 from harness.model.config import ModelConfig
 from harness.model.head_mask import apply_head_mask
 from harness.model.transformer import Transformer
+from harness.run_dir import RunDir, fsync_dir, fsync_file
+from harness.run_dir import atomic_write_text as atomic_write_text  # re-exported for the writers in harness.train
+from harness.run_dir import read_json as _read_json
 from harness.train.config import TrainConfig
 from harness.train.optim import optimizer_state_from_tensors, optimizer_state_to_tensors
 
 FORMAT = 1
-CHECKPOINT, TMP, OLD = "checkpoint", "checkpoint.tmp", "checkpoint.old"
+# The folder names inside a run directory (harness.run_dir.RunDir owns them; tests and messages use these).
+_LAYOUT = RunDir(".")
+CHECKPOINT, TMP, OLD = _LAYOUT.checkpoint.name, _LAYOUT.checkpoint_tmp.name, _LAYOUT.checkpoint_old.name
 FILES = ("model.safetensors", "optimizer.safetensors", "config.json", "state.json")
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
-
-
-# --- atomic file operations ----------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms without directory file descriptors
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder, fsync, then ``os.replace`` (atomic on POSIX and Windows)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 # --- RNG state as JSON ----------------------------------------------------------------------
@@ -119,8 +93,8 @@ def checkpoint_dir(run_dir: Path) -> Path:
     ``checkpoint/`` but ``checkpoint.old/``; the swap starts only once ``checkpoint.tmp/`` is
     complete, so that tmp (when present) is the newest complete checkpoint, else the old one.
     """
-    run_dir = Path(run_dir)
-    final, tmp, old = run_dir / CHECKPOINT, run_dir / TMP, run_dir / OLD
+    layout = RunDir(run_dir)
+    final, tmp, old = layout.checkpoint, layout.checkpoint_tmp, layout.checkpoint_old
     if final.exists() or not old.exists():
         return final
     return tmp if tmp.exists() else old
@@ -128,18 +102,18 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 def finish_swap(run_dir: Path) -> None:
     """Complete a swap a killed writer left half done (only the process that writes calls this)."""
-    run_dir = Path(run_dir)
-    final, old = run_dir / CHECKPOINT, run_dir / OLD
+    layout = RunDir(run_dir)
+    final, old = layout.checkpoint, layout.checkpoint_old
     if not final.exists() and old.exists():
         os.rename(checkpoint_dir(run_dir), final)
-        _fsync_dir(run_dir)
+        fsync_dir(layout.path)
     if old.exists():
         shutil.rmtree(old, ignore_errors=True)
 
 
 def has_run(run_dir: Path) -> bool:
-    run_dir = Path(run_dir)
-    return any((run_dir / n).exists() for n in (CHECKPOINT, OLD, "metrics.csv"))
+    layout = RunDir(run_dir)
+    return any(p.exists() for p in (layout.checkpoint, layout.checkpoint_old, layout.metrics_csv))
 
 
 def _require(path: Path) -> Path:
@@ -168,14 +142,8 @@ def check_safetensors(path: Path) -> Path:
 
 
 def read_json(path: Path) -> dict:
-    _require(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is corrupt: invalid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} is corrupt: expected a JSON object, got {type(data).__name__}")
-    return data
+    """A checkpoint's JSON file: missing names any pickle found in its place (see :func:`_require`)."""
+    return _read_json(_require(path))
 
 
 def read_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
@@ -278,8 +246,8 @@ def load_run(run_dir: str | os.PathLike, device: Optional[str | torch.device] = 
 def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, model_cfg: ModelConfig,
                     train_cfg: TrainConfig, state: dict) -> Path:
     """Write a complete checkpoint and swap it in atomically; returns ``run_dir/checkpoint``."""
-    run_dir = Path(run_dir)
-    final, tmp, old = run_dir / CHECKPOINT, run_dir / TMP, run_dir / OLD
+    layout = RunDir(run_dir)
+    run_dir, final, tmp, old = layout.path, layout.checkpoint, layout.checkpoint_tmp, layout.checkpoint_old
     finish_swap(run_dir)  # an interrupted swap's newest checkpoint becomes checkpoint/ first
     if tmp.exists():
         shutil.rmtree(tmp)  # a write that never finished
@@ -293,8 +261,8 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
         (tmp / "state.json").write_text(json.dumps({"format": FORMAT, **state}, indent=1), encoding="utf-8")
         for name in FILES:
-            _fsync_file(tmp / name)
-        _fsync_dir(tmp)
+            fsync_file(tmp / name)
+        fsync_dir(tmp)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # a full or read-only disk leaves nothing half-written
         if isinstance(exc, (OSError, SafetensorError)):  # safetensors reports a full disk as its own error
@@ -303,7 +271,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     if final.exists():
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -333,9 +301,8 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 def remove_run(run_dir: Path) -> None:
     """Delete what :func:`harness.train` wrote into ``run_dir`` (and nothing else)."""
-    run_dir = Path(run_dir)
-    for name in (CHECKPOINT, TMP, OLD):
-        if (run_dir / name).exists():
-            shutil.rmtree(run_dir / name)
-    if (run_dir / "metrics.csv").exists():
-        (run_dir / "metrics.csv").unlink()
+    layout = RunDir(run_dir)
+    for folder in (layout.checkpoint, layout.checkpoint_tmp, layout.checkpoint_old):
+        if folder.exists():
+            shutil.rmtree(folder)
+    layout.metrics_csv.unlink(missing_ok=True)

@@ -30,6 +30,7 @@ from harness.model.compiled import HookAwareCompiled
 from harness.model.config import ModelConfig
 from harness.model.head_mask import apply_head_mask
 from harness.model.transformer import Transformer
+from harness.run_dir import RunDir
 from harness.train import checkpoint as ckpt
 from harness.train import distill, distributed
 from harness.train.config import RESUMABLE_CHANGES, TrainConfig
@@ -205,7 +206,7 @@ class _Loop:
             ckpt.load_optimizer(self.optimizer, run_dir)
             ckpt.set_rng_state(state["rng"], self.gen)
             self.start, self.elapsed0, self.pending = state["step"], state["elapsed_s"], dict(state["pending"])
-        self.metrics = MetricsLog(run_dir / "metrics.csv", enabled=info.is_main)
+        self.metrics = MetricsLog(RunDir(run_dir).metrics_csv, enabled=info.is_main)
         self.metrics.truncate_after(self.start)  # rows a killed run wrote after its last checkpoint
         self.last_saved = self.start if state is not None else None
         val_gen = torch.Generator().manual_seed(cfg.seed + VAL_SEED_OFFSET)

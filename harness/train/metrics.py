@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from harness.train.checkpoint import atomic_write_text
+from harness.run_dir import atomic_write_text
 
 # step          the optimizer update the row ends at (1-based)
 # lr            that update's learning rate
@@ -28,7 +28,8 @@ from harness.train.checkpoint import atomic_write_text
 # tokens_per_s  tokens (every position of the global batch) per second of update time since the last row
 # elapsed_s     wall-clock seconds since the run began, summed over resumed segments
 # mfu           model FLOPs utilization: flops_per_token * tokens_per_s / peak FLOP/s of all devices
-COLUMNS = ("step", "lr", "train_loss", "val_loss", "val_accuracy", "grad_norm", "tokens_per_s", "elapsed_s", "mfu")
+CURVES = ("step", "lr", "train_loss", "val_loss", "val_accuracy")  # the learning curves: what a report reads
+COLUMNS = (*CURVES, "grad_norm", "tokens_per_s", "elapsed_s", "mfu")
 
 # Dense peak FLOP/s per GPU as (bf16, tf32), from NVIDIA's datasheets. The PCIe H100 is
 # slower than the SXM part, so it is matched first.
