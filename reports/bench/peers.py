@@ -21,6 +21,7 @@ attnlab's ``Transformer``, logits equal to Hugging Face's to ~1e-5).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +49,8 @@ def gpt2_models(shape: Shape, seed: int = 0) -> tuple[nn.Module, nn.Module, nn.M
     for _ in range(3):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            models.append(GPT2LMHeadModel(config).eval())
+            # a config each: set_attn_implementation writes to the config object
+            models.append(GPT2LMHeadModel(copy.deepcopy(config)).eval())
     models[0].set_attn_implementation("eager")
     return models[0], models[1], models[2]
 
@@ -217,4 +219,48 @@ def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = 
         for name in ("bridge", "nnsight"):
             rows.append(Row(f"{task} vs {name}, GPT-2 {shape.label}", med["attnlab"], med[name], "s",
                             paired_ratio(times, name, "attnlab"), ">=", 1.5))
+    return rows
+
+
+def _llama(shape: Shape, seed: int) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=shape.d_vocab, hidden_size=shape.d_model, intermediate_size=4 * shape.d_model,
+                         num_hidden_layers=shape.n_layers, num_attention_heads=shape.n_heads,
+                         num_key_value_heads=max(1, shape.n_heads // 2), max_position_embeddings=shape.n_ctx,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).eval()
+
+
+def adapter_rows(shape: Shape, rounds: int, checks: dict) -> list[Row]:
+    """HFAdapter's forward with idle hooks / the same Hugging Face model's own forward (goal <= 1.05).
+
+    Two copies of one random model (GPT-2 and Llama): the adapter points its copy at its own
+    attention function, the other copy keeps transformers' sdpa. Logits must agree first.
+    """
+    from harness.adapters import HFAdapter
+
+    rows = []
+    builders = {"GPT-2": lambda: gpt2_models(shape)[2], "Llama": lambda: _llama(shape, 0)}
+    tokens = shape.tokens(torch.device("cpu"))
+    for arch, build in builders.items():
+        plain, adapter = build(), HFAdapter(build())
+        with torch.no_grad():
+            err = float((adapter(tokens) - plain(tokens).logits).abs().max())
+        checks[f"adapter_{arch}_logits_max_abs"] = err
+        if not err <= 1e-4:
+            raise AssertionError(f"HFAdapter({arch}) logits differ from the model's own by {err:.3g} (> 1e-4)")
+
+        def call(fn: Callable[[Tensor], Any]) -> Callable[[], None]:
+            def run() -> None:
+                with torch.no_grad():
+                    fn(tokens)
+            return run
+
+        times = interleaved_times({"adapter": call(adapter), "plain": call(plain)}, rounds=rounds)
+        med = medians(times)
+        rows.append(Row(f"HFAdapter forward (idle hooks) / HF forward, {arch} {shape.label}", med["adapter"],
+                        med["plain"], "s", paired_ratio(times, "adapter", "plain"), "<=", 1.05))
     return rows

@@ -38,3 +38,18 @@ def test_peer_ratio(benchmark, task):
     assert [r.name.split(" vs ")[1].split(",")[0] for r in rows] == ["bridge", "nnsight"]
     assert all(math.isfinite(r.ratio) and r.ratio > 0 for r in rows)
     assert all(v <= 1e-4 for v in checks.values()), checks
+
+
+def test_adapter_overhead(benchmark):
+    from reports.bench.peers import adapter_rows
+
+    shape = Shape(12, 768, 12, 128, 8, d_vocab=50257) if FULL else Shape(2, 128, 4, 64, 4, d_vocab=256)
+    checks: dict = {}
+    rows = []
+    benchmark.pedantic(lambda: rows.extend(adapter_rows(shape, rounds=5 if FULL else 15, checks=checks)),
+                       rounds=1, iterations=1)
+    for row in rows:
+        print(f"\n[bench] {row.name}: {row.ratio:.3f} (goal <= {row.goal})")
+        benchmark.extra_info[row.name] = row.ratio
+    assert len(rows) == 2 and all(math.isfinite(r.ratio) and r.ratio > 0 for r in rows)
+    assert all(v <= 1e-4 for v in checks.values()), checks
