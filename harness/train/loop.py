@@ -35,7 +35,7 @@ from harness.train import checkpoint as ckpt
 from harness.train import distill, distributed
 from harness.train.config import RESUMABLE_CHANGES, TrainConfig
 from harness.train.metrics import MetricsLog, flops_per_token, new_row, peak_flops
-from harness.train.optim import make_optimizer, set_lr, smoothed_cross_entropy
+from harness.train.optim import make_optimizer, set_lr, smoothed_cross_entropy, update_overflow
 from harness.train.schedules import lr_at
 from harness.train.tasks import Task, make_task, shifted
 
@@ -300,12 +300,10 @@ class _Loop:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not math.isfinite(grad_norm):
             raise self._diverged(step, "gradient norm", grad_norm)
-        try:
-            self.optimizer.step()
-        except RuntimeError as exc:  # lr * update overflows the parameter dtype (e.g. lr=1e5 in float16)
-            if "overflow" not in str(exc):
-                raise
-            raise self._diverged(step, "update", f"too large for the parameters' dtype ({exc})") from None
+        overflow = update_overflow(self.optimizer)  # e.g. lr=1e5 in float16: torch would refuse the step
+        if overflow is not None:
+            raise self._diverged(step, "update", overflow)
+        self.optimizer.step()
         return loss_value, grad_norm, stop
 
     def _row(self, step: int, grad_norm: float) -> dict:

@@ -7,7 +7,7 @@ checkpoint never needs pickle.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,28 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
         return torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def update_overflow(optimizer: torch.optim.Optimizer) -> Optional[str]:
+    """Why the next ``optimizer.step()`` cannot be taken in the parameters' dtype, or None.
+
+    The step multiplies each update by python scalars that torch casts to the parameter dtype:
+    the lr, ``lr * weight_decay``, and for Adam the bias-corrected step size ``lr / (1 - beta1^t)``
+    (Kingma & Ba 2015, Algorithm 1). A scalar beyond the dtype's range (float16 holds at most
+    65504) is an update too large to represent: the run has diverged, before any loss is inf.
+    """
+    for group in optimizer.param_groups:
+        lr = float(group["lr"])
+        scales = [lr, lr * float(group.get("weight_decay", 0.0))]
+        betas = group.get("betas")
+        for p in group["params"]:
+            if betas is not None:
+                t = int(optimizer.state.get(p, {}).get("step", 0)) + 1  # the step this update will be
+                scales.append(lr / (1.0 - float(betas[0]) ** t))
+            if p.dtype.is_floating_point and max(scales) > torch.finfo(p.dtype).max:
+                return (f"too large for the parameters' dtype ({p.dtype} holds at most "
+                        f"{torch.finfo(p.dtype).max:g}; this step scales the update by {max(scales):g})")
+    return None
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
