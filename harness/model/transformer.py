@@ -24,15 +24,15 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from harness._checks import check_int
-from harness.model.config import ModelConfig
+from harness.model.config import DTYPES, ModelConfig
 from harness.model.generate import generate as _generate
 from harness.model.inputs import check_mask, check_offset, check_tokens
 from harness.model.kv_cache import KVCache
 from harness.model.layers import AttnContext, Block, Norm, hook
 from harness.model.positions import alibi_bias, alibi_slopes, rotary_cos_sin, sinusoidal_table
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64,
-          "bfloat16": torch.bfloat16, "float16": torch.float16}
+# ModelConfig.dtype's names (harness.model.config.DTYPES, a tuple) to torch dtypes.
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 class _BoundConfig:
@@ -69,7 +69,7 @@ class Transformer(HookedRootModule):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"Transformer expects a harness.ModelConfig, got {type(cfg).__name__}")
         self.config = cfg
-        dtype = DTYPES[cfg.dtype]
+        dtype = TORCH_DTYPES[cfg.dtype]
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model, dtype=dtype)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.pos_type = cfg.positional_embedding_type

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from harness.model.config import ModelConfig
 from harness.model.head_mask import head_mask_of
-from harness.model.transformer import DTYPES, Transformer
+from harness.model.transformer import TORCH_DTYPES, Transformer
 
 TARGETS = ("gpt2", "llama")
 
@@ -210,7 +210,7 @@ def to_hf(model: Transformer, target: Optional[str] = None) -> Any:
     hf_config._attn_implementation = "eager"  # the plain softmax path: no kernel choice moves the last bits
     with torch.device("cpu"):
         hf = (GPT2LMHeadModel if target == "gpt2" else LlamaForCausalLM)(hf_config)
-    hf = hf.to(DTYPES[cfg.dtype])
+    hf = hf.to(TORCH_DTYPES[cfg.dtype])
     with torch.no_grad():
         (_gpt2_copy if target == "gpt2" else _llama_copy)(model, hf)
     return hf.eval()
