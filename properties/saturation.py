@@ -29,13 +29,6 @@ from harness.adapters.protocol import FwdHooks
 COLUMNS = ["d_head", "scaled", "seed", "score_var", "entropy", "max_prob", "jacobian_norm", "qk_grad_norm"]
 
 
-def _check_ints(name: str, values: Sequence, minimum: int) -> tuple[int, ...]:
-    values = tuple(values)
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in values):
-        raise ValueError(f"{name}={values!r} is invalid: expected a non-empty sequence of integers >= {minimum}")
-    return values
-
-
 def softmax_jacobian_norm(p: torch.Tensor) -> torch.Tensor:
     """Frobenius norm of the softmax Jacobian diag(p) - p p^T for each row of ``p [..., k]``.
 
@@ -91,14 +84,13 @@ def saturation_sweep(d_heads: Sequence[int] = (8, 16, 32, 64, 128, 256, 512),
     random linear function of ``hook_z``. Bidirectional attention without a mask, so every
     score is a plain dot product.
     """
-    d_heads = _check_ints("d_heads", d_heads, 1)
-    seeds = _check_ints("seeds", seeds, 0)
+    d_heads = check_ints("d_heads", d_heads, 1)
+    seeds = check_ints("seeds", seeds, 0)
     scaled = tuple(scaled)
     if not scaled or any(not isinstance(s, bool) for s in scaled):
         raise ValueError(f"scaled={scaled!r} is invalid: expected a non-empty sequence of bools")
     for name, value, minimum in (("d_model", d_model, 1), ("n_pos", n_pos, 2), ("batch", batch, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {minimum}")
+        check_int(name, value, minimum)
     rows = [_measure(d, s, seed, d_model, n_pos, batch) for s in scaled for d in d_heads for seed in seeds]
     return pd.DataFrame(rows, columns=COLUMNS)
 

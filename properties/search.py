@@ -20,6 +20,8 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 from hypothesis.strategies import SearchStrategy
 
+from harness._checks import check_int, check_positive_int
+
 
 @dataclass(frozen=True)
 class PropertyResult:
@@ -51,11 +53,8 @@ class Violation(Exception):
 
 
 def check_search_args(seed: Any, max_examples: Any) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed={seed!r} is invalid: expected an integer >= 0")
-    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
-                                     or max_examples < 1):
-        raise ValueError(f"max_examples={max_examples!r} is invalid: expected None or an integer >= 1")
+    check_int("seed", seed, 0)
+    check_positive_int("max_examples", max_examples, none_ok=True)
 
 
 Measure = Callable[[Any], tuple[float, str]]

@@ -47,11 +47,6 @@ def load_profile(name: Optional[str] = None) -> str:
     return name
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {minimum}")
-
-
 def _check_range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
     if hi < lo:
         raise ValueError(f"{hi_name}={hi} is invalid: expected >= {lo_name}={lo}")
@@ -82,11 +77,11 @@ def model_configs(*, positional_types=("none", "standard", "sinusoidal", "rotary
     attention_dirs = _check_subset("attention_dirs", attention_dirs, ATTENTION_DIRS)
     normalization_types = _check_subset("normalization_types", normalization_types, NORMALIZATION_TYPES)
     norm_placements = _check_subset("norm_placements", norm_placements, NORM_PLACEMENTS)
-    _check_int("max_layers", max_layers, 1)
-    _check_int("d_vocab", d_vocab, 2)
-    _check_int("n_ctx", n_ctx, 2)
+    check_int("max_layers", max_layers, 1)
+    check_int("d_vocab", d_vocab, 2)
+    check_int("n_ctx", n_ctx, 2)
     d_models = tuple(d_models)
-    if not d_models or any(isinstance(d, bool) or not isinstance(d, int) or d < 8 or d % 8 for d in d_models):
+    if not d_models or any(not is_int(d) or d < 8 or d % 8 for d in d_models):
         raise ValueError(f"d_models={d_models!r} is invalid: expected multiples of 8 (4 heads of even width)")
 
     @st.composite
@@ -120,17 +115,17 @@ def model_configs(*, positional_types=("none", "standard", "sinusoidal", "rotary
 
 def token_lists(d_vocab: int, *, min_len: int = 1, max_len: int = 8):
     """One sequence of token ids in ``[0, d_vocab)`` as a list; shrinks towards ``[0] * min_len``."""
-    _check_int("d_vocab", d_vocab, 1)
-    _check_int("min_len", min_len, 1)
-    _check_int("max_len", max_len, 1)
+    check_int("d_vocab", d_vocab, 1)
+    check_int("min_len", min_len, 1)
+    check_int("max_len", max_len, 1)
     _check_range("min_len", min_len, "max_len", max_len)
     return st.lists(st.integers(0, d_vocab - 1), min_size=min_len, max_size=max_len)
 
 
 def token_batches(d_vocab: int, *, min_batch: int = 1, max_batch: int = 3, min_len: int = 1, max_len: int = 8):
     """Token ids ``[batch, pos]`` (int64); shrinks towards one short sequence of zeros."""
-    _check_int("min_batch", min_batch, 1)
-    _check_int("max_batch", max_batch, 1)
+    check_int("min_batch", min_batch, 1)
+    check_int("max_batch", max_batch, 1)
     _check_range("min_batch", min_batch, "max_batch", max_batch)
     token_lists(d_vocab, min_len=min_len, max_len=max_len)  # validates the rest
 
@@ -146,14 +141,14 @@ def token_batches(d_vocab: int, *, min_batch: int = 1, max_batch: int = 3, min_l
 
 def permutations(n: int):
     """A permutation of ``range(n)`` as an int64 tensor; shrinks towards the identity."""
-    _check_int("n", n, 1)
+    check_int("n", n, 1)
     return st.permutations(list(range(n))).map(lambda p: torch.tensor(p, dtype=torch.long))
 
 
 def position_offsets(max_offset: int, *, min_offset: int = 0):
     """A position offset in ``[min_offset, max_offset]``; shrinks towards ``min_offset``."""
-    _check_int("min_offset", min_offset, 0)
-    _check_int("max_offset", max_offset, 0)
+    check_int("min_offset", min_offset, 0)
+    check_int("max_offset", max_offset, 0)
     _check_range("min_offset", min_offset, "max_offset", max_offset)
     return st.integers(min_offset, max_offset)
 
@@ -182,8 +177,8 @@ def padded_batches(d_vocab: int, *, max_batch: int = 2, max_len: int = 6, max_pa
     pad is present in every row. Shrinks towards one row, one token, one pad, the first side
     and pad id 0.
     """
-    _check_int("max_batch", max_batch, 1)
-    _check_int("max_pad", max_pad, 1)
+    check_int("max_batch", max_batch, 1)
+    check_int("max_pad", max_pad, 1)
     sides = _check_subset("sides", sides, ("left", "right"))
     rows_st = token_lists(d_vocab, max_len=max_len)
 

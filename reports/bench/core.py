@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from harness._checks import check_int
 from harness.model.config import ModelConfig
 
 
@@ -98,8 +99,7 @@ def interleaved_times(fns: Mapping[str, Callable[[], object]], rounds: int, warm
         raise ValueError("interleaved_times needs at least one function to time, got none")
     for name, value in (("rounds", rounds), ("warmup", warmup)):
         low = 1 if name == "rounds" else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {low}")
+        check_int(name, value, low)
     sync = device_sync(device)
     for _ in range(warmup):
         for fn in fns.values():
