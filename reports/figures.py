@@ -20,6 +20,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from harness.run_dir import atomic_write_bytes
+from harness.train.metrics import CURVES
+from probes.roles import ROLES
+from properties.saturation import COLUMNS as SWEEP_COLUMNS
 from reports.cluster import average_linkage
 
 DPI = 110
@@ -59,7 +63,7 @@ def png_bytes(fig: Figure) -> bytes:
 def save_png(fig: Figure, path: str | Path) -> bytes:
     """Write the figure to ``path`` as PNG and return the bytes written."""
     data = png_bytes(fig)
-    Path(path).write_bytes(data)
+    atomic_write_bytes(path, data)
     return data
 
 
@@ -98,7 +102,7 @@ def _heatmap(ax, matrix: pd.DataFrame, *, cmap: str, label: str, center=None, vm
 
 
 # --- training -----------------------------------------------------------------------------
-METRIC_COLUMNS = ("step", "lr", "train_loss", "val_loss", "val_accuracy")
+METRIC_COLUMNS = CURVES  # owned by harness.train.metrics, the writer of metrics.csv
 
 
 def training_curves(metrics: pd.DataFrame) -> Figure:
@@ -125,11 +129,15 @@ def training_curves(metrics: pd.DataFrame) -> Figure:
 
 
 # --- softmax saturation -------------------------------------------------------------------
-SATURATION_COLUMNS = ("d_head", "scaled", "seed", "score_var", "entropy", "max_prob", "jacobian_norm")
+SATURATION_COLUMNS = tuple(SWEEP_COLUMNS)  # owned by properties.saturation, the writer of saturation.csv
 
 
-def loglog_slope(df: pd.DataFrame, value: str) -> float:
-    """Least-squares slope of log(mean value over seeds) against log(d_head)."""
+def loglog_slope_or_nan(df: pd.DataFrame, value: str) -> float:
+    """Least-squares slope of log(mean value over seeds) against log(d_head), over the positive means.
+
+    NaN, not an error, where fewer than two d_head values are left: a figure legend or a report
+    line then reads "nan". The checked version is :func:`properties.saturation.loglog_slope`.
+    """
     means = df.groupby("d_head")[value].mean()
     means = means[means > 0]
     if len(means) < 2:
@@ -260,7 +268,7 @@ def _draw_dendrogram(ax, links: list[tuple[int, int, float]], order: list[int]) 
     ax.set_axis_off()
 
 
-ROLE_COLUMNS = ("previous_token", "induction", "duplicate_token", "first_token")
+ROLE_COLUMNS = ROLES  # owned by probes.roles, which computes them
 
 
 def head_roles(df: pd.DataFrame) -> Figure:

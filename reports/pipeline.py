@@ -11,7 +11,6 @@ any stage can be re-run alone, from the command line or from Python::
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,8 @@ from typing import Any, Optional
 import pandas as pd
 from tqdm.auto import tqdm
 
+from harness._checks import check_int, check_ints, check_number, check_positive_int
+from harness.run_dir import RunDir, atomic_write, atomic_write_json
 from reports import rundata
 from reports.render import ReportPaths, render
 
@@ -30,34 +31,19 @@ SEEDS = (0, 1, 2)
 PROBE_SEQUENCES = 64
 PROBE_DATA_SEED = 1234  # the probes' validation batch: fixed, so re-running a probe gives the same numbers
 TOP_K_PATTERNS = 4
+# The importance methods `attnlab probe` runs (names from probes.importance.METHODS, which the report
+# reads back): the measured ones; a method that trains (l0_gates) is for notebooks and is not run here.
+PROBE_METHODS = tuple(m for m in rundata.IMPORTANCE_METHODS if m in ("ablation", "mean_ablation", "gradient"))
 CHECK_EXAMPLES = 25  # hypothesis examples per property: the `ci` profile's budget
 
 
 def _write_csv(df: pd.DataFrame, path: Path, **kw: Any) -> Path:
-    """Write via a temp file and rename, so a killed stage never leaves half a CSV."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    df.to_csv(tmp, **kw)
-    os.replace(tmp, path)
-    return path
+    """Write atomically, so a killed stage never leaves half a CSV."""
+    return atomic_write(path, lambda f: df.to_csv(f, **kw))
 
 
 def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
-    return value
-
-
-def _check_int_tuple(name: str, values: Any, minimum: int) -> tuple[int, ...]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
-        raise ValueError(f"{name}={values!r} is invalid: expected a non-empty sequence of integers >= {minimum}")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ValueError(f"{name}={values!r} is invalid: {v!r} is not an integer >= {minimum}")
-    return tuple(values)
 
 
 # --- train ---------------------------------------------------------------------------------------
@@ -86,16 +72,15 @@ def check(run_dir: str | os.PathLike, *, seed: int = 0, max_examples: int = CHEC
     """Run the property suite on the run's model; writes ``properties.csv`` and returns the table."""
     import properties
 
-    _check_positive_int("max_examples", max_examples)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed={seed!r} is invalid: expected an integer >= 0")
+    check_positive_int("max_examples", max_examples)
+    check_int("seed", seed, 0)
     path, model, _, _ = _load(run_dir)
     names = list(properties.PROPERTIES)
     rows = []
     for name in tqdm(names, desc="properties", unit="property", disable=_quiet(progress)):
         rows.append(properties.check_model(model, seed=seed, max_examples=max_examples, properties=[name]))
     table = pd.concat(rows, ignore_index=True)
-    _write_csv(table, path / rundata.PROPERTIES_CSV, index=False)
+    _write_csv(table, RunDir(path).properties_csv, index=False)
     return table
 
 
@@ -140,17 +125,16 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
     """Run every head probe on the run's model over a fixed validation batch; writes ``probes/*``."""
     import probes
 
-    _check_positive_int("sequences", sequences)
-    _check_positive_int("top_k", top_k)
-    seeds = _check_int_tuple("seeds", seeds, 0)
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
-        raise ValueError(f"tolerance={tolerance!r} is invalid: expected a number in (0, 1)")
+    check_positive_int("sequences", sequences)
+    check_positive_int("top_k", top_k)
+    seeds = check_ints("seeds", seeds, 0)
+    check_number("tolerance", tolerance, 0, 1, high_inclusive=False, expected="a number in (0, 1)")
     path, model, model_cfg, train_cfg = _load(run_dir)
     tokens, loss_mask = probe_data(model_cfg, train_cfg, sequences)
     out: dict[str, Any] = {}
     steps: list[tuple[str, Callable[[], Any]]] = [
         *[(f"importance_{m}", lambda m=m: probes.head_importance(model, tokens, loss_mask=loss_mask, method=m))
-          for m in rundata.IMPORTANCE_METHODS],
+          for m in PROBE_METHODS],
         ("prune_curve", lambda: probes.prune_curve(model, tokens, loss_mask=loss_mask, order=("importance", "random"),
                                                    seeds=seeds)),
         ("redundancy", lambda: probes.redundancy(model, tokens, loss_mask=loss_mask, tolerance=float(tolerance),
@@ -161,22 +145,19 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         ("patterns", lambda: top_patterns(model, tokens, out["importance_ablation"],
                                           min(top_k, model_cfg.n_layers * model_cfg.n_heads))),
     ]
-    folder = path / rundata.PROBES_DIR
-    folder.mkdir(exist_ok=True)
+    layout = RunDir(path)
+    layout.probes.mkdir(exist_ok=True)
     bar = tqdm(steps, desc="probes", unit="probe", disable=_quiet(progress))
     for key, run in bar:
         bar.set_postfix_str(key)
         out[key] = run()
     for key, value in out.items():
         if key == "redundancy":
-            text = json.dumps({k: _plain(v) for k, v in value.items()}, indent=1)
-            tmp = folder / f".{rundata.REDUNDANCY_JSON}.tmp{os.getpid()}"
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, folder / rundata.REDUNDANCY_JSON)
+            atomic_write_json(layout.redundancy_json, {k: _plain(v) for k, v in value.items()}, indent=1)
         else:
-            _write_csv(value, folder / rundata.PROBE_FILES[key], index=key == "similarity")
+            _write_csv(value, layout.probe_file(rundata.PROBE_FILES[key]), index=key == "similarity")
     example = pd.DataFrame({"position": range(tokens.shape[1]), "token": tokens[0].tolist()})
-    _write_csv(example, folder / rundata.PROBE_FILES["example"], index=False)
+    _write_csv(example, layout.probe_file(rundata.PROBE_FILES["example"]), index=False)
     return out
 
 
@@ -187,8 +168,8 @@ def saturation(out_dir: str | os.PathLike, *, d_heads: Sequence[int] = SATURATIO
     import properties
     from reports import figures
 
-    d_heads = _check_int_tuple("d_heads", d_heads, 1)
-    seeds = _check_int_tuple("seeds", seeds, 0)
+    d_heads = check_ints("d_heads", d_heads, 1)
+    seeds = check_ints("seeds", seeds, 0)
     if len(set(d_heads)) < 2:
         raise ValueError(f"d_heads={d_heads!r} is invalid: a log-log slope needs at least two distinct values")
     if not isinstance(out_dir, (str, os.PathLike)):
@@ -200,9 +181,10 @@ def saturation(out_dir: str | os.PathLike, *, d_heads: Sequence[int] = SATURATIO
     parts = [properties.saturation_sweep(d_heads=(d,), seeds=seeds)
              for d in tqdm(d_heads, desc="saturation", unit="d_head", disable=_quiet(progress))]
     table = pd.concat(parts, ignore_index=True).sort_values(["scaled", "d_head", "seed"], ignore_index=True)
-    _write_csv(table, out / rundata.SATURATION_CSV, index=False)
-    (out / rundata.FIGURES_DIR).mkdir(exist_ok=True)
-    figures.save_png(figures.saturation(table), out / rundata.FIGURES_DIR / "saturation.png")
+    layout = RunDir(out)
+    _write_csv(table, layout.saturation_csv, index=False)
+    layout.figures.mkdir(exist_ok=True)
+    figures.save_png(figures.saturation(table), layout.figure("saturation"))
     return table
 
 
@@ -234,7 +216,7 @@ def demo(out_dir: str | os.PathLike, model_cfg: Any = None, train_cfg: Any = Non
     if not isinstance(out_dir, (str, os.PathLike)):
         raise TypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
     out = Path(out_dir)
-    if not overwrite and ((out / "checkpoint").exists() or (out / rundata.METRICS_CSV).exists()):
+    if not overwrite and (RunDir(out).checkpoint.exists() or RunDir(out).metrics_csv.exists()):
         raise ValueError(f"{out} already holds a run: pass overwrite=True (attnlab demo --overwrite) to replace it, "
                          "or choose another folder (--out)")
     if model_cfg is None or train_cfg is None:

@@ -23,7 +23,8 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from reports import figures as F
+from harness.run_dir import RunDir, atomic_write_text
+from reports import figures as plots  # not `F`: that reads as torch.nn.functional
 from reports import rundata
 from reports.rundata import RunData
 
@@ -105,50 +106,52 @@ def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]
     """(key, title, caption, build) for every figure the data supports, in report order."""
     specs: list[tuple[str, str, str, Callable[[], Any]]] = [
         ("training", "Training curves", "Train and validation loss, validation accuracy on the "
-         "task's target positions, and the learning-rate schedule.", lambda: F.training_curves(data.metrics)),
+         "task's target positions, and the learning-rate schedule.", lambda: plots.training_curves(data.metrics)),
     ]
     if data.saturation is not None:
         specs.append(("saturation", "Softmax saturation versus d_head",
                       "Freshly initialised attention on unit-variance inputs; log-log axes, band = spread over "
                       "seeds. Without the 1/sqrt(d_head) scale the score variance grows like d_head and the "
-                      "softmax saturates (Vaswani et al. 2017, section 3.2.1).", lambda: F.saturation(data.saturation)))
+                      "softmax saturates (Vaswani et al. 2017, section 3.2.1).",
+                      lambda: plots.saturation(data.saturation)))
     if data.importance:
         specs.append(("importance", "Head importance", "Loss change when each head is removed (ablation: output "
                       "set to zero; mean ablation: replaced by its per-position mean) and the gradient estimate "
-                      "of Michel, Levy & Neubig (2019).", lambda: F.importance_heatmaps(data.importance)))
+                      "of Michel, Levy & Neubig (2019).", lambda: plots.importance_heatmaps(data.importance)))
     if data.prune_curve is not None:
         tol = (data.redundancy or {}).get("tolerance", rundata.TOLERANCE)
         specs.append(("prune_curve", "Pruning curve", "Heads removed cumulatively, least important first, "
                       "against random order; band = spread over seeds; dashed line = the loss budget of the "
-                      "headline.", lambda: F.prune_curve(data.prune_curve, tolerance=float(tol))))
+                      "headline.", lambda: plots.prune_curve(data.prune_curve, tolerance=float(tol))))
     if data.similarity is not None:
         specs.append(("similarity", "Head similarity", "1 - mean Jensen-Shannon divergence between the heads' "
                       "attention patterns, ordered by average-linkage clustering.",
-                      lambda: F.similarity_clustermap(data.similarity)))
+                      lambda: plots.similarity_clustermap(data.similarity)))
     if data.head_roles is not None:
         specs.append(("head_roles", "Head roles", "Attention mass each head puts on the previous token, on the "
                       "token after an earlier copy of the current one (induction), on an earlier copy of itself, "
-                      "and on the first position.", lambda: F.head_roles(data.head_roles)))
+                      "and on the first position.", lambda: plots.head_roles(data.head_roles)))
     if data.attention_entropy is not None:
         specs.append(("attention_entropy", "Attention entropy", "Mean entropy of each head's attention rows and "
-                      "its mean largest weight.", lambda: F.attention_entropy(data.attention_entropy)))
+                      "its mean largest weight.", lambda: plots.attention_entropy(data.attention_entropy)))
     if data.patterns is not None:
         specs.append(("patterns", "Attention patterns of the most important heads", "One validation example; "
                       "rows are queries, columns keys.",
-                      lambda: F.attention_patterns(data.patterns, data.example_tokens)))
+                      lambda: plots.attention_patterns(data.patterns, data.example_tokens)))
     return specs
 
 
-def _make_figures(data: RunData, fig_dir: Path) -> list[FigureInfo]:
+def _make_figures(data: RunData, layout: RunDir) -> list[FigureInfo]:
     from PIL import Image
 
-    fig_dir.mkdir(exist_ok=True)
+    layout.figures.mkdir(exist_ok=True)
     out = []
     for key, title, caption, build in _figure_specs(data):
-        png = F.save_png(build(), fig_dir / f"{key}.png")
-        with Image.open(fig_dir / f"{key}.png") as im:
+        path = layout.figure(key)
+        png = plots.save_png(build(), path)
+        with Image.open(path) as im:
             width, height = im.size
-        out.append(FigureInfo(key, title, caption, f"{rundata.FIGURES_DIR}/{key}.png",
+        out.append(FigureInfo(key, title, caption, path.relative_to(layout.path).as_posix(),
                               base64.b64encode(png).decode("ascii"), width, height))
     return out
 
@@ -173,7 +176,7 @@ def _top_heads(data: RunData, k: int = 8) -> list[dict]:
     if df is None:
         return []
     top = df.sort_values("importance", ascending=False).head(k)
-    return [{"head": F.head_label(r.layer, r.head), "importance": float(r.importance),
+    return [{"head": plots.head_label(r.layer, r.head), "importance": float(r.importance),
              "loss_delta": float(r.loss_delta)} for r in top.itertuples()]
 
 
@@ -238,8 +241,8 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
     slopes = None
     if data.saturation is not None:
         sat = data.saturation
-        slopes = [(label, F.loglog_slope(sat[sat["scaled"].astype(bool) == scaled], "score_var"),
-                   F.loglog_slope(sat[sat["scaled"].astype(bool) == scaled], "entropy"))
+        slopes = [(label, plots.loglog_slope_or_nan(sat[sat["scaled"].astype(bool) == scaled], "score_var"),
+                   plots.loglog_slope_or_nan(sat[sat["scaled"].astype(bool) == scaled], "entropy"))
                   for scaled, label in ((True, "scaled"), (False, "unscaled"))]
     return {
         "name": data.name, "task": data.train_config.task, "run_dir": str(data.run_dir.resolve()), "version": ver,
@@ -260,18 +263,13 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def render(run_dir: str | os.PathLike) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``figures/*.png`` into ``run_dir``; returns their paths."""
     data = rundata.load(run_dir)
-    figs = _make_figures(data, data.run_dir / rundata.FIGURES_DIR)
+    layout = RunDir(data.run_dir)
+    figs = _make_figures(data, layout)
     ctx = context(data, figs)
-    html_path, md_path = data.run_dir / "report.html", data.run_dir / "report.md"
-    _atomic_write(html_path, _environment("html").get_template("report.html.j2").render(**ctx))
-    _atomic_write(md_path, _environment("md").get_template("report.md.j2").render(**ctx))
+    html_path, md_path = layout.report_html, layout.report_md
+    atomic_write_text(html_path, _environment("html").get_template("report.html.j2").render(**ctx))
+    atomic_write_text(md_path, _environment("md").get_template("report.md.j2").render(**ctx))
     return ReportPaths(html_path, md_path, tuple(data.run_dir / f.file for f in figs))

@@ -1,14 +1,8 @@
 """What a run directory holds, read back into DataFrames for the report.
 
-Every stage writes plain files into the run directory (see shared/DESIGN.md), so the report
-needs no model weights and each stage can be re-run alone::
-
-    run_dir/checkpoint/config.json   model and train config        (attnlab train)
-    run_dir/metrics.csv              training curves               (attnlab train)
-    run_dir/properties.csv           invariant checks              (attnlab check)
-    run_dir/probes/*.csv, *.json     head probes                   (attnlab probe)
-    run_dir/saturation.csv           softmax saturation sweep      (attnlab saturation --out run_dir)
-    run_dir/figures/*.png, report.html, report.md                  (attnlab report)
+Every stage writes plain files into the run directory, laid out by :class:`harness.run_dir.RunDir`
+(see shared/DESIGN.md), so the report needs no model weights and each stage can be re-run alone.
+This module reads them back and checks each has the columns its writer declares.
 
 Stages that have not run leave their section of the report marked "not run" with the command
 that fills it in; a file that exists but is unreadable is an error naming the file.
@@ -16,7 +10,6 @@ that fills it in; a file that exists but is unreadable is an error naming the fi
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -25,12 +18,19 @@ from typing import Any, Optional
 
 import pandas as pd
 
-PROPERTIES_CSV = "properties.csv"
-SATURATION_CSV = "saturation.csv"
-METRICS_CSV = "metrics.csv"
-PROBES_DIR = "probes"
-FIGURES_DIR = "figures"
-IMPORTANCE_METHODS = ("ablation", "mean_ablation", "gradient")
+from harness.run_dir import RunDir, read_json
+from harness.train.metrics import CURVES
+from probes.importance import METHODS
+from probes.roles import ROLES
+from properties.saturation import COLUMNS as SATURATION_COLUMNS
+from properties.suite import COLUMNS as PROPERTY_COLUMNS
+
+_LAYOUT = RunDir(".")  # file names only; RunDir owns the layout
+PROPERTIES_CSV, SATURATION_CSV, METRICS_CSV = (_LAYOUT.properties_csv.name, _LAYOUT.saturation_csv.name,
+                                               _LAYOUT.metrics_csv.name)
+PROBES_DIR, FIGURES_DIR, REDUNDANCY_JSON = _LAYOUT.probes.name, _LAYOUT.figures.name, _LAYOUT.redundancy_json.name
+IMPORTANCE_METHODS = METHODS  # one importance file per method, named after it
+# The files the probe stage writes into probes/ (reports.pipeline.probe), by key.
 PROBE_FILES = {
     **{f"importance_{m}": f"importance_{m}.csv" for m in IMPORTANCE_METHODS},
     "prune_curve": "prune_curve.csv",
@@ -40,18 +40,18 @@ PROBE_FILES = {
     "patterns": "patterns.csv",
     "example": "example_tokens.csv",
 }
-REDUNDANCY_JSON = "redundancy.json"
 TOLERANCE = 0.01  # the prune budget of the headline: loss may rise by at most 1% (relative)
 ACCURACY_DROP = 0.01  # the second reading of the prune curve: accuracy may fall by at most 1 point
 INDUCTION_THRESHOLD = 0.5  # induction score above which a head counts as an induction head (Olsson et al. 2022)
 
+# The columns a reader needs from each file; each list is owned by the module that writes the file.
 COLUMNS = {
-    METRICS_CSV: ("step", "lr", "train_loss", "val_loss", "val_accuracy"),
-    PROPERTIES_CSV: ("property", "applicable", "passed", "worst", "tolerance", "counterexample"),
-    SATURATION_CSV: ("d_head", "scaled", "seed", "score_var", "entropy", "max_prob", "jacobian_norm"),
+    METRICS_CSV: CURVES,
+    PROPERTIES_CSV: tuple(PROPERTY_COLUMNS),
+    SATURATION_CSV: tuple(SATURATION_COLUMNS),
     "importance": ("layer", "head", "importance", "loss_delta"),
     "prune_curve": ("order", "seed", "n_pruned", "fraction_pruned", "loss", "accuracy"),
-    "head_roles": ("layer", "head", "previous_token", "induction", "duplicate_token", "first_token"),
+    "head_roles": ("layer", "head", *ROLES),
     "attention_entropy": ("layer", "head", "entropy", "max_prob"),
     "patterns": ("layer", "head", "rank", "query", "key", "weight"),
     "example": ("position", "token"),
@@ -74,16 +74,6 @@ def read_csv(path: Path, columns: tuple[str, ...], *, index_col: Optional[int] =
 
 def _optional_csv(path: Path, columns: tuple[str, ...], **kw: Any) -> Optional[pd.DataFrame]:
     return read_csv(path, columns, **kw) if path.exists() else None
-
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} should hold a JSON object, got {type(data).__name__}")
-    return data
 
 
 def require_run_dir(run_dir: Any) -> Path:
@@ -151,31 +141,31 @@ def load(run_dir: Any) -> RunData:
     model_cfg, train_cfg = read_configs(path)
     with torch.device("meta"):  # counting parameters needs shapes, not memory
         params = parameter_counts(Transformer(model_cfg))
-    metrics = read_csv(path / METRICS_CSV, COLUMNS[METRICS_CSV])
+    layout = RunDir(path)
+    metrics = read_csv(layout.metrics_csv, COLUMNS[METRICS_CSV])
     # Damaged values would otherwise surface as an unnamed pandas or plotting error.
     text = [c for c in COLUMNS[METRICS_CSV] if not pd.api.types.is_numeric_dtype(metrics[c])]
     if text or metrics.empty or metrics["step"].isna().any():
         what = ("no rows" if metrics.empty else f"non-numeric values in column(s) {text}" if text
                 else "rows without a step")
-        raise ValueError(f"{path / METRICS_CSV} has {what}: expected one numeric row per logged training step")
-    probes = path / PROBES_DIR
+        raise ValueError(f"{layout.metrics_csv} has {what}: expected one numeric row per logged training step")
     data = RunData(run_dir=path, name=path.resolve().name, model_config=model_cfg, train_config=train_cfg,
                    params=params, metrics=metrics,
-                   properties=_optional_csv(path / PROPERTIES_CSV, COLUMNS[PROPERTIES_CSV]),
-                   saturation=_optional_csv(path / SATURATION_CSV, COLUMNS[SATURATION_CSV]))
+                   properties=_optional_csv(layout.properties_csv, COLUMNS[PROPERTIES_CSV]),
+                   saturation=_optional_csv(layout.saturation_csv, COLUMNS[SATURATION_CSV]))
     for method in IMPORTANCE_METHODS:
-        df = _optional_csv(probes / PROBE_FILES[f"importance_{method}"], COLUMNS["importance"])
+        df = _optional_csv(layout.probe_file(PROBE_FILES[f"importance_{method}"]), COLUMNS["importance"])
         if df is not None:
             data.importance[method] = df
     for key in ("prune_curve", "head_roles", "attention_entropy", "patterns"):
-        setattr(data, key, _optional_csv(probes / PROBE_FILES[key], COLUMNS[key]))
-    data.similarity = _optional_csv(probes / PROBE_FILES["similarity"], (), index_col=0)
+        setattr(data, key, _optional_csv(layout.probe_file(PROBE_FILES[key]), COLUMNS[key]))
+    data.similarity = _optional_csv(layout.probe_file(PROBE_FILES["similarity"]), (), index_col=0)
     if data.similarity is not None and list(data.similarity.index) != list(data.similarity.columns):
-        raise ValueError(f"{probes / PROBE_FILES['similarity']} is not a square head-by-head table")
-    example = _optional_csv(probes / PROBE_FILES["example"], COLUMNS["example"])
+        raise ValueError(f"{layout.probe_file(PROBE_FILES['similarity'])} is not a square head-by-head table")
+    example = _optional_csv(layout.probe_file(PROBE_FILES["example"]), COLUMNS["example"])
     data.example_tokens = None if example is None else [int(t) for t in example.sort_values("position")["token"]]
-    if (probes / REDUNDANCY_JSON).exists():
-        data.redundancy = read_json(probes / REDUNDANCY_JSON)
+    if layout.redundancy_json.exists():
+        data.redundancy = read_json(layout.redundancy_json)
     return data
 
 

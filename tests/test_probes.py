@@ -16,6 +16,7 @@ from harness import ModelConfig, Transformer
 from probes import gates
 from probes._validate import model_info, prepare
 from probes.roles import role_key_sets
+from reports.bench.reference import naive_head_ablation, reference_loss
 from tests.helpers.fixed_pattern import FixedPatternModel
 
 # Losses are ~ln(d_vocab) ~ 3 in float32; the batched and naive routes differ only in summation
@@ -32,35 +33,6 @@ def tiny(**overrides) -> Transformer:
 
 def data(n=5, pos=12, d_vocab=24, seed=0):
     return torch.randint(0, d_vocab, (n, pos), generator=torch.Generator().manual_seed(seed))
-
-
-def reference_loss(model, tokens, hooks=(), loss_mask=None, attention_mask=None) -> float:
-    """Token-weighted next-token cross-entropy, one plain forward pass."""
-    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
-    with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
-        logits = model(tokens, **kwargs)
-    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).double(), tokens[:, 1:].flatten(), reduction="none")
-    w = torch.ones_like(tokens[:, 1:], dtype=torch.float64)
-    if loss_mask is not None:
-        w = w * loss_mask[:, 1:]
-    if attention_mask is not None:
-        w = w * attention_mask[:, 1:] * attention_mask[:, :-1]
-    return float((nll * w.flatten()).sum() / w.sum())
-
-
-def naive_deltas(model, tokens, replacement=None, **kw) -> torch.Tensor:
-    """Loss change of removing each head, one full forward pass per head (the loop the probes batch)."""
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    base = reference_loss(model, tokens, **kw)
-    out = torch.zeros(L, H, dtype=torch.float64)
-    for layer in range(L):
-        for h in range(H):
-            def fn(z, hook, h=h, layer=layer):
-                z = z.clone()
-                z[:, :, h] = 0 if replacement is None else replacement[layer][None, :, h]
-                return z
-            out[layer, h] = reference_loss(model, tokens, [(f"blocks.{layer}.attn.hook_z", fn)], **kw) - base
-    return out
 
 
 def grid(frame: pd.DataFrame, column: str) -> torch.Tensor:
@@ -82,7 +54,7 @@ def test_batched_ablation_equals_naive_loop(overrides):
     model = tiny(**overrides)
     tokens = data()
     got = probes.head_importance(model, tokens)
-    want = naive_deltas(model, tokens)
+    want = naive_head_ablation(model, tokens)
     torch.testing.assert_close(grid(got, "loss_delta"), want, atol=ATOL, rtol=0)
     assert got["importance"].equals(got["loss_delta"])  # unnormalized ablation: the importance is the loss change
     assert got.attrs["baseline_loss"] == pytest.approx(reference_loss(model, tokens), abs=ATOL)
@@ -96,7 +68,7 @@ def test_ablation_with_padding_loss_mask_and_small_batches():
     am[1, -2:] = 0  # right padding
     lm = torch.zeros_like(tokens, dtype=torch.bool)
     lm[:, 6:] = True
-    want = naive_deltas(model, tokens, loss_mask=lm, attention_mask=am)
+    want = naive_head_ablation(model, tokens, loss_mask=lm, attention_mask=am)
     for batch_size in (None, 1, 4, 7):  # 1: one sequence and one mask per pass; 4, 7: ragged chunks
         got = probes.head_importance(model, tokens, loss_mask=lm, attention_mask=am, batch_size=batch_size)
         torch.testing.assert_close(grid(got, "loss_delta"), want, atol=ATOL, rtol=0)
@@ -128,12 +100,12 @@ def test_mean_ablation_uses_per_position_means():
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     per_position = [cache[f"blocks.{layer}.attn.hook_z"].mean(0) for layer in range(2)]  # [pos, n_heads, d_head]
-    want = naive_deltas(model, tokens, replacement=per_position)
+    want = naive_head_ablation(model, tokens, replacement=per_position)
     got = probes.head_importance(model, tokens, method="mean_ablation")
     torch.testing.assert_close(grid(got, "loss_delta"), want, atol=ATOL, rtol=0)
     # a mean over positions too would be a different replacement, with different numbers
     pooled = [z.mean(0, keepdim=True).expand_as(z) for z in per_position]
-    assert (naive_deltas(model, tokens, replacement=pooled) - want).abs().max() > 1e-3
+    assert (naive_head_ablation(model, tokens, replacement=pooled) - want).abs().max() > 1e-3
     # and head_means itself is the per-position mean over sequences (run_with_cache hooks the pattern,
     # which takes the explicit softmax path; head_means runs SDPA: kernels differ by float32 rounding)
     info = model_info(model)
@@ -278,7 +250,7 @@ def test_probes_run_on_a_protocol_model_without_layer_skipping():
     assert not info.prefix_reuse  # its forward has no start_at_layer: masks run from the tokens
     tokens = torch.randint(0, model.cfg.d_vocab, (4, 10), generator=torch.Generator().manual_seed(0))
     got = probes.head_importance(model, tokens)
-    torch.testing.assert_close(grid(got, "loss_delta"), naive_deltas(model, tokens), atol=ATOL, rtol=0)
+    torch.testing.assert_close(grid(got, "loss_delta"), naive_head_ablation(model, tokens), atol=ATOL, rtol=0)
 
 
 def test_prune_curve_shape_orders_and_ends():

@@ -9,11 +9,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from harness._checks import check_positive_int
 
 
 class PlainBlock(nn.Module):
@@ -42,8 +45,7 @@ class PlainGPT(nn.Module):
         super().__init__()
         for name, value in (("n_layers", n_layers), ("d_model", d_model), ("n_heads", n_heads),
                             ("n_ctx", n_ctx), ("d_vocab", d_vocab)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PlainGPT: {name}={value!r} is invalid: expected an integer >= 1")
+            check_positive_int(f"PlainGPT: {name}", value)
         if d_model % n_heads:
             raise ValueError(f"PlainGPT: d_model={d_model} is not a multiple of n_heads={n_heads}")
         self.wte, self.wpe = nn.Embedding(d_vocab, d_model), nn.Embedding(n_ctx, d_model)
@@ -57,33 +59,52 @@ class PlainGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``logits[:, :-1]``."""
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+@torch.no_grad()
+def reference_loss(model: Any, tokens: Tensor, hooks: Any = (), *, loss_mask: Optional[Tensor] = None,
+                   attention_mask: Optional[Tensor] = None) -> float:
+    """Token-weighted next-token cross-entropy in float64 from one plain forward pass with ``hooks`` on.
+
+    The target at position t (predicted at t-1) counts where ``loss_mask[:, t]`` is set and tokens
+    t-1 and t are both real under ``attention_mask``: the weighting the probes use.
+    """
+    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
+    with model.hooks(fwd_hooks=list(hooks)):
+        logits = model(tokens, **kwargs)
+    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).double(), tokens[:, 1:].flatten(), reduction="none")
+    w = torch.ones_like(tokens[:, 1:], dtype=torch.float64)
+    if loss_mask is not None:
+        w = w * loss_mask[:, 1:]
+    if attention_mask is not None:
+        w = w * attention_mask[:, 1:] * attention_mask[:, :-1]
+    return float((nll * w.flatten()).sum() / w.sum())
 
 
 @torch.no_grad()
-def naive_head_ablation(model: Any, tokens: Tensor) -> Tensor:
-    """Loss change ``[n_layers, n_heads]`` (float64) from zeroing each head's ``hook_z``, one forward per head.
+def naive_head_ablation(model: Any, tokens: Tensor, *, replacement: Optional[Sequence[Tensor]] = None,
+                        loss_mask: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None) -> Tensor:
+    """Loss change ``[n_layers, n_heads]`` (float64) from removing each head at ``hook_z``, one forward per head.
 
     The obvious loop: a baseline forward pass, then for every head a full forward pass with a hook
-    that zeroes that head's output before the output projection. No batching, no reuse.
+    that replaces that head's output before the output projection: by zero, or (mean ablation) by
+    ``replacement[layer][:, head]`` (``[pos, n_heads, d_head]`` per layer). No batching, no reuse.
+    The loss is :func:`reference_loss` (so masks weigh targets as the probes do).
     """
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be a [batch, pos] tensor with pos >= 2, got "
                          f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    base = next_token_loss(model(tokens), tokens)
+    masks = {"loss_mask": loss_mask, "attention_mask": attention_mask}
+    base = reference_loss(model, tokens, **masks)
     delta = torch.empty(n_layers, n_heads, dtype=torch.float64)
     for layer in range(n_layers):
         for head in range(n_heads):
-            def zero(z: Tensor, hook: Any, head: int = head) -> Tensor:
+            def remove(z: Tensor, hook: Any, head: int = head, layer: int = layer) -> Tensor:
                 z = z.clone()
-                z[:, :, head] = 0
+                z[:, :, head] = 0 if replacement is None else replacement[layer][None, :, head]
                 return z
 
-            with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero)]):
-                delta[layer, head] = float(next_token_loss(model(tokens), tokens) - base)
+            delta[layer, head] = reference_loss(model, tokens, [(f"blocks.{layer}.attn.hook_z", remove)],
+                                                **masks) - base
     return delta
 
 

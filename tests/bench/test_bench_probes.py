@@ -18,10 +18,10 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import probes
 from harness import ModelConfig, Transformer
+from reports.bench.reference import naive_head_ablation as naive_loop
 from tests.bench.common import FULL, report
 
 pytestmark = pytest.mark.bench
@@ -35,27 +35,6 @@ def setup():
     model = Transformer(ModelConfig(n_layers=4, d_model=128, n_heads=8, d_vocab=64, n_ctx=128, seed=0)).eval()
     tokens = torch.randint(0, 64, (N_SEQ, POS), generator=torch.Generator().manual_seed(0))
     return model, tokens
-
-
-def naive_loop(model, tokens) -> torch.Tensor:
-    """Loss change of zeroing each head's hook_z, one full forward pass per head (plus the baseline)."""
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-
-    def loss(hooks=()):
-        with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
-            logits = model(tokens)
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).double(), tokens[:, 1:].flatten())
-
-    base = loss()
-    out = torch.zeros(L, H, dtype=torch.float64)
-    for layer in range(L):
-        for h in range(H):
-            def zero(z, hook, h=h):
-                z = z.clone()
-                z[:, :, h] = 0
-                return z
-            out[layer, h] = loss([(f"blocks.{layer}.attn.hook_z", zero)]) - base
-    return out
 
 
 def load() -> float:
