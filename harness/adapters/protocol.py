@@ -13,7 +13,6 @@ from contextlib import AbstractContextManager
 from typing import Any, Optional, Protocol, Union, cast
 
 import torch
-from jaxtyping import Float, Float64, Int, Shaped
 from torch import Tensor
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -69,7 +68,7 @@ class ProtocolModel(Protocol):
     hook_dict: dict[str, HookPoint]
 
     def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor] = ...,
-                 position_offset: int = ..., **kwargs: Any) -> Any: ...  # kwargs: e.g. TL's stop_at_layer
+                 position_offset: int = ...) -> Any: ...
 
     def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = ...,
                 position_offset: int = ...) -> Any: ...
@@ -81,8 +80,6 @@ class ProtocolModel(Protocol):
                        reset_hooks_end: bool = ..., clear_contexts: bool = ..., **model_kwargs: Any) -> Any: ...
 
     def parameters(self, recurse: bool = ...) -> Iterator[torch.nn.Parameter]: ...
-
-    def modules(self) -> Iterator[torch.nn.Module]: ...
 
     def eval(self) -> Any: ...
 
@@ -158,9 +155,7 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
     adapt to a forward without ``attention_mask`` or ``position_offset``.
     """
     if not isinstance(model, HookedRootModule):
-        hint = " (wrap a TransformerBridge with properties.BridgeAdapter)" if hasattr(model, "original_model") else \
-            " (a plain module or function: properties.check_model(model, cfg=...) checks its outputs)" \
-            if callable(model) else ""
+        hint = " (wrap a TransformerBridge with properties.BridgeAdapter)" if hasattr(model, "original_model") else ""
         raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
                         f"it is not a transformer_lens.HookedRootModule{hint}")
     missing = _cfg_problems(model)
@@ -285,10 +280,9 @@ class _Patcher:
 
 
 @torch.no_grad()
-def run(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
-        attention_mask: Optional[Shaped[Tensor, "batch pos"]] = None, position_offset: int = 0,
-        capture: Iterable[str] = (), patch: Optional[dict[str, Tensor]] = None
-        ) -> tuple[Float64[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
+def run(model: ProtocolModel, tokens: Tensor, *, attention_mask: Optional[Tensor] = None,
+        position_offset: int = 0, capture: Iterable[str] = (),
+        patch: Optional[dict[str, Tensor]] = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Logits (float64) and the activations at the ``capture`` hook points (as the model produced them).
 
     ``patch`` replaces the activation at each named hook point by the given tensor. Hooks are
@@ -320,7 +314,7 @@ def run(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
     return logits.detach().to("cpu", torch.float64), {k: v.to("cpu") for k, v in store.items()}
 
 
-def all_heads(x: Float[Tensor, "batch pos h d_head"], n_heads: int) -> Float[Tensor, "batch pos n_heads d_head"]:
+def all_heads(x: Tensor, n_heads: int) -> Tensor:
     """``[batch, pos, h, d_head]`` -> ``[batch, pos, n_heads, d_head]``, repeating grouped-query K/V heads.
 
     Grouped-query attention (Ainslie et al. 2023) lets query head h use K/V head
@@ -332,37 +326,3 @@ def all_heads(x: Float[Tensor, "batch pos h d_head"], n_heads: int) -> Float[Ten
     if n_heads % h:
         raise TypeError(f"hook tensor has {h} heads, which does not divide cfg.n_heads={n_heads}")
     return x.repeat_interleave(n_heads // h, dim=2)
-
-
-# --- optional: decoding through the model's own KV cache -------------------------------------------
-CACHED_DECODING = "forward_with_cache"
-
-
-class CachedDecoding(Protocol):
-    """The optional cached-decoding method the ``kv_cache`` property decodes through (duck-typed).
-
-    ``forward_with_cache(tokens, attention_mask=None, past=None) -> (logits, past)``:
-
-    - ``tokens [batch, new]``: the next tokens of every row (``new >= 1``; a prompt, or one or more
-      decoded tokens);
-    - ``attention_mask [batch, new]``: 1 for a real token, 0 for padding, covering the *new* tokens
-      only (None = all real); the model remembers the mask of everything in ``past``. Prompts are
-      left-padded; later steps are all real;
-    - ``past``: None to start a sequence, else exactly what the previous call returned (opaque to
-      the caller: the model's own cache, e.g. a Hugging Face ``DynamicCache`` plus the mask so far;
-      it may be updated in place, and a caller never reuses an older one);
-    - returns the logits ``[batch, new, d_vocab]`` of the new tokens and the cache to pass next.
-
-    Positions follow the protocol's rule at ``position_offset=0``: a token's position is the number
-    of real tokens before it, counted over ``past`` and the new tokens. The result must equal one
-    ``forward`` over the whole sequence so far with the concatenated mask. ``harness.Transformer``
-    implements it with its ``kv_cache``; an HF adapter implements it with ``past_key_values``.
-    """
-
-    def forward_with_cache(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,
-                           past: Any = None) -> tuple[Tensor, Any]: ...
-
-
-def has_cached_decoding(model: Any) -> bool:
-    """Whether ``model`` exposes :class:`CachedDecoding`'s method."""
-    return callable(getattr(model, CACHED_DECODING, None))

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Optional, cast
 
 import torch
-from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -173,8 +172,7 @@ class Transformer(HookedRootModule):
     # --- forward -----------------------------------------------------------------------
     def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0, *,
                 start_at_layer: Optional[int] = None, stop_at_layer: Optional[int] = None,
-                kv_cache: Optional[KVCache] = None
-                ) -> Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch pos d_model"]:
+                kv_cache: Optional[KVCache] = None) -> Tensor:
         """Logits ``[batch, pos, d_vocab]``.
 
         TransformerLens-style partial runs: ``stop_at_layer=l`` returns the residual stream
@@ -230,18 +228,3 @@ class Transformer(HookedRootModule):
         return _generate(self, tokens, max_new_tokens, temperature=temperature, top_k=top_k,
                         attention_mask=attention_mask, generator=generator, use_cache=use_cache,
                         return_logits=return_logits)
-
-    def forward_with_cache(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,
-                           past: Optional[KVCache] = None) -> tuple[Tensor, KVCache]:
-        """Cached decoding (``harness.adapters.protocol.CachedDecoding``): logits of the new ``tokens``
-        ``[batch, new]`` given the cache ``past`` (None starts one), and the cache to pass next.
-
-        ``attention_mask`` covers the new tokens only; the cache remembers earlier masks.
-        """
-        if self.config.attention_dir != "causal":
-            raise ValueError("forward_with_cache needs a causal model: attention_dir='bidirectional' lets every "
-                             "token see the future")
-        if past is not None and not isinstance(past, KVCache):
-            raise TypeError(f"past must be None or the KVCache a previous call returned, got {type(past).__name__}")
-        cache = KVCache(self.config.n_layers) if past is None else past
-        return self(tokens, attention_mask=attention_mask, kv_cache=cache), cache
