@@ -53,7 +53,7 @@ def finite_outputs(model, *, seed: int = 0, max_examples: int | None = None,
         x, mask = example
         plain, _ = run(model, x, attention_mask=mask)
         logits, acts = run(model, x, attention_mask=mask, capture=names)
-        found = [(nm, acts[nm]) for nm in names if nm in acts]  # forward order: the first is where it starts
+        found = list(acts.items())  # in the order the hooks first fired: the first bad one is where it starts
         found += [("logits (every hook captured)", logits), ("logits (no hooks attached)", plain)]
         total, where = 0, "all finite"
         for nm, t in found:

@@ -1,0 +1,196 @@
+"""The field-bug catalogue: real attention bugs from public trackers, each replayed on a tiny random model.
+
+Every entry names the public issue or pull request it reproduces (each checked in its tracker),
+says in our words what went wrong, replays it as a patch of the library code it lived in
+(``patches.py``), proves the patched model wrong without the property suite (``witness``), and
+names the properties that must catch it (``must_flag``). ``python -m tests.field_bugs`` runs
+``check_model`` on every patched model and on every unpatched one, and prints the matrix.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+
+from tests.field_bugs import bridge_user, models, patches
+from tests.field_bugs import witness as w
+
+PRESS_4 = [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]  # Press et al. 2022 §3: 2^(-8h/4), h = 1..4
+PRESS_6 = PRESS_4 + [2 ** -1, 2 ** -3]  # 6 heads: the 4-head slopes, then every other 8-head slope
+LEFT_PADDED = dict(tokens=[[5, 9, 3, 7, 1, 2], [0, 0, 0, 4, 8, 6]], mask=[[1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]])
+LONG = [[5, 9, 3, 7, 1, 2, 11, 4]]  # longer than the windows (3), so a window's edge binds
+
+
+@dataclass(frozen=True)
+class FieldBug:
+    name: str
+    links: tuple[tuple[str, str], ...]  # (label, url) of the public issue / pull request
+    summary: str  # what went wrong, in our words
+    replay: str  # what the patch does
+    build: Callable[[], torch.nn.Module]  # the tiny model (unpatched; seeded)
+    patch: Callable[[], AbstractContextManager]
+    witness: Callable[[], str]
+    must_flag: tuple[str, ...]
+    wrap: str = "hf"  # "hf": harness.adapters.wrap; "bridge_user": a user's function around TransformerLens's bridge
+
+    @property
+    def arch(self) -> str:
+        fn = self.build.func if isinstance(self.build, functools.partial) else self.build
+        return fn.__name__
+
+
+def _bug(name, links, summary, replay, build, patch, witness, must_flag, **kw) -> FieldBug:
+    return FieldBug(name, tuple(links), summary, replay, build, patch, witness, tuple(must_flag), **kw)
+
+
+def _p(fn, *args, **kwargs) -> Callable[[], AbstractContextManager]:
+    return functools.partial(fn, *args, **kwargs)
+
+
+GH = "https://github.com/"
+MISTRAL_LONG = functools.partial(models.mistral, n_ctx=2048)
+LLAMA_LONG = functools.partial(models.llama, n_ctx=2048)
+
+BUGS: list[FieldBug] = [
+    _bug("hf29623_window_one_wider",
+         [("huggingface/transformers#29623", GH + "huggingface/transformers/issues/29623")],
+         "Mistral's sliding window meant a different number of keys per backend: the eager mask admitted "
+         "w keys, FlashAttention-2 w + 1, so one config gave two models.",
+         "masking_utils.sliding_window_overlay admits w + 1 keys (kv_idx >= q_idx - w).",
+         models.mistral, _p(patches.window_overlay, +1), lambda: w.window_counts(_p(patches.window_overlay, +1), 3),
+         ["sliding_window"]),
+    _bug("vllm3385_window_one_narrower",
+         [("vllm-project/vllm#3385", GH + "vllm-project/vllm/issues/3385"),
+          ("context: huggingface/transformers#29623", GH + "huggingface/transformers/issues/29623")],
+         "vLLM's xFormers local attention admitted one key fewer than Hugging Face and FlashAttention for "
+         "the same window size.",
+         "masking_utils.sliding_window_overlay admits w - 1 keys (kv_idx > q_idx - w + 1).",
+         functools.partial(models.mistral, attn="sdpa"), _p(patches.window_overlay, -1),
+         lambda: w.window_counts(_p(patches.window_overlay, -1), 3), ["sliding_window"]),
+    _bug("hf39408_flash_window_both_sides",
+         [("huggingface/transformers#39408", GH + "huggingface/transformers/issues/39408"),
+          ("fix: huggingface/transformers#40163", GH + "huggingface/transformers/pull/40163")],
+         "transformers passed window_size=(w, w) to FlashAttention, whose window is inclusive on both sides: "
+         "under causality each query saw w + 1 keys while every other backend's mask admitted w.",
+         "the sdpa kernel rebuilds its mask as FlashAttention's inclusive (w, 0) band; the mask the model "
+         "built, and so the explicit pattern, is untouched.",
+         functools.partial(models.mistral, attn="sdpa"), _p(patches.flash_window_both_sides),
+         lambda: w.logits_move(functools.partial(models.mistral, attn="sdpa"),
+                               _p(patches.flash_window_both_sides), LONG), ["kernel_consistency"]),
+    _bug("aprender2143_alibi_exponent_off_by_one",
+         [("paiml/aprender#2143", GH + "paiml/aprender/pull/2143")],
+         "ALiBi head slopes used 2^(-8h/n) counting heads from 0, so head 0 got slope 1 and every head one "
+         "extra factor of 2^(-8/n).",
+         "Bloom's _get_alibi_slopes counts h = 0..n-1.",
+         models.bloom, _p(patches.bloom_slopes, "exponent_off_by_one"),
+         lambda: w.slopes(_p(patches.bloom_slopes, "exponent_off_by_one"), 4, PRESS_4), ["alibi_slopes"]),
+    _bug("alibi17_non_power_of_two_heads",
+         [("ofirpress/attention_with_linear_biases#17", GH + "ofirpress/attention_with_linear_biases/issues/17"),
+          ("the same rule fixed in ml-explore/mlx#3071", GH + "ml-explore/mlx/pull/3071")],
+         "For a head count that is not a power of two, ALiBi's slopes are not one geometric sequence: the "
+         "reference code interleaves a second one, which implementations that use 2^(-8h/n) for every n miss.",
+         "Bloom's _get_alibi_slopes returns the plain geometric sequence for 6 heads.",
+         functools.partial(models.bloom, 6), _p(patches.bloom_slopes, "plain_geometric"),
+         lambda: w.slopes(_p(patches.bloom_slopes, "plain_geometric"), 6, PRESS_6), ["alibi_slopes"]),
+    _bug("pytorch103749_minus_inf_padding_rows",
+         [("pytorch/pytorch#103749", GH + "pytorch/pytorch/issues/103749")],
+         "A padding mask with an all-masked query row made attention return NaN; filling with -inf (rather "
+         "than the dtype's minimum) turns that row's softmax into 0/0.",
+         "masking_utils.eager_mask fills with -inf instead of finfo(dtype).min.",
+         models.llama, _p(patches.eager_mask_minus_inf),
+         lambda: w.nan_logits(models.llama, _p(patches.eager_mask_minus_inf), **LEFT_PADDED), ["finite_outputs"]),
+    _bug("pytorch103963_sdpa_bool_mask_empty_rows",
+         [("pytorch/pytorch#103963", GH + "pytorch/pytorch/issues/103963")],
+         "scaled_dot_product_attention returned NaN for a boolean attn_mask with an all-False row; a left-padded "
+         "query is such a row, and its NaN value reaches real tokens at the next layer as 0 * NaN.",
+         "torch.nn.functional.scaled_dot_product_attention (as transformers' sdpa kernel calls it) divides "
+         "0 by 0 on an all-masked row.",
+         functools.partial(models.llama, attn="sdpa"), _p(patches.sdpa_nan_on_empty_rows),
+         lambda: w.nan_logits(functools.partial(models.llama, attn="sdpa"), _p(patches.sdpa_nan_on_empty_rows),
+                              **LEFT_PADDED), ["finite_outputs"]),
+    _bug("pytorch109517_mem_efficient_additive_rows",
+         [("pytorch/pytorch#109517", GH + "pytorch/pytorch/issues/109517"),
+          ("same root cause: pytorch/pytorch#103749", GH + "pytorch/pytorch/issues/103749")],
+         "The memory-efficient SDPA kernel produced NaN for additive masks whose row was all finfo.min, the "
+         "form transformers 4.3x handed to SDPA for padded batches.",
+         "transformers' sdpa masks become the additive finfo.min form and scaled_dot_product_attention "
+         "returns NaN on a row with no admitted key.",
+         models.gpt2, _p(patches.sdpa_nan_on_empty_rows, additive_mask=True),
+         lambda: w.nan_logits(models.gpt2, _p(patches.sdpa_nan_on_empty_rows, additive_mask=True), **LEFT_PADDED),
+         ["finite_outputs"]),
+    _bug("hf25681_llama_inv_freq_bf16",
+         [("huggingface/transformers#25681", GH + "huggingface/transformers/issues/25681")],
+         "Casting a Llama model to bfloat16 cast the rotary inv_freq buffer too, so the cos/sin tables were "
+         "built from bf16 frequencies: the phase error grows with position.",
+         "LlamaRotaryEmbedding.forward uses inv_freq rounded to bfloat16 (the buffer after .to(bfloat16)).",
+         LLAMA_LONG, _p(patches.rotary_low_precision, "transformers.models.llama.modeling_llama",
+                        "LlamaRotaryEmbedding", "inv_freq_bf16"),
+         lambda: w.rotary_tables(LLAMA_LONG, _p(patches.rotary_low_precision,
+                                                "transformers.models.llama.modeling_llama", "LlamaRotaryEmbedding",
+                                                "inv_freq_bf16"), lambda m: m.model.rotary_emb, 2000),
+         ["rotary_precision"]),
+    _bug("hf29496_mistral_inv_freq_bf16",
+         [("huggingface/transformers#29496", GH + "huggingface/transformers/issues/29496")],
+         "Under bf16 mixed precision Mistral rebuilt its sin/cos caches from a bf16 inv_freq once the input "
+         "reached the maximum length, degrading long inputs.",
+         "MistralRotaryEmbedding.forward uses inv_freq rounded to bfloat16.",
+         MISTRAL_LONG, _p(patches.rotary_low_precision, "transformers.models.mistral.modeling_mistral",
+                          "MistralRotaryEmbedding", "inv_freq_bf16"),
+         lambda: w.rotary_tables(MISTRAL_LONG, _p(patches.rotary_low_precision,
+                                                  "transformers.models.mistral.modeling_mistral",
+                                                  "MistralRotaryEmbedding", "inv_freq_bf16"),
+                                 lambda m: m.model.rotary_emb, 2000), ["rotary_precision"]),
+    _bug("hf29285_gemma_rope_autocast_bf16",
+         [("huggingface/transformers#29285", GH + "huggingface/transformers/pull/29285")],
+         "Under bfloat16 autocast the RoPE product position x inv_freq ran in bf16 in Llama and Gemma, losing "
+         "the positional signal at long context.",
+         "GemmaRotaryEmbedding.forward computes position x inv_freq in bfloat16.",
+         models.gemma, _p(patches.rotary_low_precision, "transformers.models.gemma.modeling_gemma",
+                          "GemmaRotaryEmbedding", "phase_bf16"),
+         lambda: w.rotary_tables(models.gemma, _p(patches.rotary_low_precision,
+                                                  "transformers.models.gemma.modeling_gemma",
+                                                  "GemmaRotaryEmbedding", "phase_bf16"),
+                                 lambda m: m.model.rotary_emb, 1857), ["rotary_precision"]),
+    _bug("gptneox1003_rotary_tables_fp16",
+         [("EleutherAI/gpt-neox#1003", GH + "EleutherAI/gpt-neox/issues/1003")],
+         "GPT-NeoX's RotaryEmbedding built its cos/sin tables in the model's fp16/bf16: for large position x "
+         "frequency products the rounding is a sizeable fraction of the period (cos off by 0.78 at 1857).",
+         "GPTNeoXRotaryEmbedding.forward computes inv_freq, phase, cos and sin in float16 (partial rotary).",
+         models.gpt_neox, _p(patches.rotary_low_precision, "transformers.models.gpt_neox.modeling_gpt_neox",
+                             "GPTNeoXRotaryEmbedding", "tables_fp16"),
+         lambda: w.rotary_tables(models.gpt_neox, _p(patches.rotary_low_precision,
+                                                     "transformers.models.gpt_neox.modeling_gpt_neox",
+                                                     "GPTNeoXRotaryEmbedding", "tables_fp16"),
+                                 lambda m: m.gpt_neox.rotary_emb, 1857), ["rotary_precision"]),
+    _bug("hf38290_opt_scale_twice",
+         [("huggingface/transformers#38290", GH + "huggingface/transformers/pull/38290")],
+         "OPT multiplied its queries by 1/sqrt(d_head) and then let the attention kernel apply its default "
+         "scale again.",
+         "OPT's eager_attention_forward scales by module.scaling although q_proj(x) * scaling already did.",
+         models.opt, _p(patches.opt_scale_twice),
+         lambda: w.logits_move(models.opt, _p(patches.opt_scale_twice), LONG), ["kernel_consistency"]),
+    _bug("torchtune1791_dropout_in_eval",
+         [("meta-pytorch/torchtune#1791", GH + "meta-pytorch/torchtune/issues/1791"),
+          ("fix: meta-pytorch/torchtune#1803", GH + "meta-pytorch/torchtune/pull/1803")],
+         "The attention module passed its dropout probability straight to scaled_dot_product_attention, which "
+         "applies dropout regardless of eval mode.",
+         "transformers' sdpa kernel receives module.attention_dropout (0.5) in eval mode.",
+         functools.partial(models.llama, attn="sdpa", attention_dropout=0.5), _p(patches.dropout_in_eval),
+         lambda: w.eval_not_deterministic(functools.partial(models.llama, attn="sdpa", attention_dropout=0.5),
+                                          _p(patches.dropout_in_eval), LONG),
+         ["kernel_consistency", "batch_independence"]),
+    _bug("tl1609_bridge_mask_blind_positions",
+         [("TransformerLensOrg/TransformerLens#1609", GH + "TransformerLensOrg/TransformerLens/issues/1609"),
+          ("fix: TransformerLensOrg/TransformerLens#1610", GH + "TransformerLensOrg/TransformerLens/pull/1610")],
+         "TransformerBridge.forward ignored the attention_mask when it derived position_ids, so a left-padded "
+         "prompt got shifted absolute positions: one pad moved gpt2's loss from 4.50 to 13.59.",
+         "TransformerBridge._accepts_derived_position_ids returns False (the mask-based derivation is skipped); "
+         "the model is a user's function around the bridge that passes the mask and no positions.",
+         models.gpt2, _p(bridge_user.mask_blind_positions),
+         lambda: bridge_user.left_pad_moves_logits(models.gpt2, _p(bridge_user.mask_blind_positions)),
+         ["padding_outputs"], wrap="bridge_user"),
+]

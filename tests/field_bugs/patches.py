@@ -1,0 +1,229 @@
+"""Each field bug, replayed as a small patch of the library function it lived in (or its modern heir).
+
+A patch is a context manager: inside it the named transformers / TransformerLens / PyTorch
+function computes what the buggy version computed; on exit the original is back. Build and wrap
+the model inside the context when a patch must be seen at construction time. Every patch keeps
+the function's signature, so the model runs exactly as it would have on the buggy release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from unittest import mock
+
+import torch
+from transformers import masking_utils
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+
+def _registry_patch(registry, original, replacement):
+    """Replace ``original`` under every name it is registered as (HFAdapter registers kernels and masks again
+    under ``attnlab_<kernel>``, holding the function object it found then)."""
+    names = {k: replacement for k, v in registry._global_mapping.items() if v is original}
+    return mock.patch.dict(registry._global_mapping, names)
+
+
+# --- sliding windows (transformers #29623, vLLM #3385, transformers #39408) -----------------------
+
+
+@contextlib.contextmanager
+def window_overlay(extra: int) -> Iterator[None]:
+    """``sliding_window_overlay`` admitting ``w + extra`` keys instead of w (``extra`` -1 or +1)."""
+
+    def overlay(sliding_window: int):
+        def inner_mask(batch_idx, head_idx, q_idx, kv_idx):
+            return kv_idx > q_idx - sliding_window - extra
+
+        return inner_mask
+
+    with mock.patch.object(masking_utils, "sliding_window_overlay", overlay):
+        yield
+
+
+@contextlib.contextmanager
+def flash_window_both_sides() -> Iterator[None]:
+    """The sdpa kernel given FlashAttention's ``window_size=(w, w)``: under causality keys i - w .. i.
+
+    transformers #39408: ``flash_kwargs = {"window_size": (sliding_window, sliding_window)}``, and
+    FlashAttention's window is inclusive on both sides, so a query saw w + 1 keys. The mask the
+    model built (and so the explicit pattern) still admits w; only the kernel differs.
+    """
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def kernel(module, query, key, value, attention_mask, *args, sliding_window=None, **kwargs):
+        if sliding_window is not None:
+            q, k = query.shape[-2], key.shape[-2]
+            i = torch.arange(k - q, k, device=query.device)[:, None]
+            j = torch.arange(k, device=query.device)[None, :]
+            band = (j <= i) & (j >= i - sliding_window)  # inclusive (w, 0) window: w + 1 keys
+            if attention_mask is not None:  # keep the padding part of the model's mask
+                padding = attention_mask.bool() if attention_mask.dtype == torch.bool else attention_mask == 0
+                band = band & padding.any(-2, keepdim=True)
+            attention_mask = band.expand(query.shape[0], 1, q, k)
+            kwargs["is_causal"] = False
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    with _registry_patch(ALL_ATTENTION_FUNCTIONS, original, kernel):
+        yield
+
+
+# --- ALiBi slopes (paiml/aprender #2143, ofirpress/attention_with_linear_biases #17) ------------
+
+
+@contextlib.contextmanager
+def bloom_slopes(rule: str) -> Iterator[None]:
+    """Bloom's ``_get_alibi_slopes`` with a wrong rule.
+
+    ``"exponent_off_by_one"``: 2^(-8h/n) for h = 0..n-1 (aprender #2143: slope[0] = 1);
+    ``"plain_geometric"``: 2^(-8h/n), h = 1..n, for every n (no non-power-of-two rule, #17).
+    """
+    from transformers.models.bloom import modeling_bloom
+
+    def slopes(num_heads: int, device: torch.device) -> torch.Tensor:
+        h = torch.arange(num_heads, device=device, dtype=torch.float32)
+        if rule == "plain_geometric":
+            h = h + 1
+        return 2.0 ** (-8.0 * h / num_heads)
+
+    with mock.patch.object(modeling_bloom, "_get_alibi_slopes", slopes):
+        yield
+
+
+# --- fully masked rows (PyTorch #103749, #103963, #109517) ---------------------------------------
+
+
+@contextlib.contextmanager
+def eager_mask_minus_inf() -> Iterator[None]:
+    """``masking_utils.eager_mask`` filling with -inf instead of ``finfo.min`` (PyTorch #103749's naive path).
+
+    The issue's repro: a softmax over a row whose every entry is -inf is 0/0 = NaN, where
+    ``torch.finfo(dtype).min`` keeps the row finite. A left-padded query in a causal model is such a row.
+    """
+    original = masking_utils.eager_mask
+
+    def eager_mask(*args, **kwargs):
+        mask = original(*args, **kwargs)
+        return None if mask is None else mask.masked_fill(mask == torch.finfo(mask.dtype).min, -math.inf)
+
+    with _registry_patch(masking_utils.ALL_MASK_ATTENTION_FUNCTIONS, original, eager_mask):
+        yield
+
+
+def _pre_fix_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+                  **_):
+    """``scaled_dot_product_attention`` as the affected kernels computed it: an all-masked row is 0/0 = NaN.
+
+    PyTorch #103963 (boolean mask with an all-False row) and #109517 (memory-efficient kernel, an
+    additive row of ``finfo.min``): the softmax of a row with no admitted key divided zero by zero.
+    Fixed since PyTorch 2.1/2.5, where such rows return 0; replayed in float64 math otherwise.
+    """
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
+    scores = (query @ key.transpose(-1, -2)) * scale
+    q, k = scores.shape[-2:]
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(q, k, dtype=torch.bool, device=scores.device).tril(k - q), -math.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, -math.inf)
+        else:  # the additive form; finfo.min + score overflowed to -inf in the kernel's accumulation
+            scores = (scores + attn_mask).masked_fill(attn_mask <= torch.finfo(attn_mask.dtype).min / 2, -math.inf)
+    return scores.softmax(-1) @ value
+
+
+@contextlib.contextmanager
+def sdpa_nan_on_empty_rows(additive_mask: bool = False) -> Iterator[None]:
+    """``torch.nn.functional.scaled_dot_product_attention`` with the pre-fix behaviour on empty rows.
+
+    With ``additive_mask`` the masks transformers hands to sdpa are the float ``finfo.min`` form of
+    transformers 4.3x (``_prepare_4d_causal_attention_mask_for_sdpa``), as in #109517.
+    """
+    from transformers.integrations import sdpa_attention
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(sdpa_attention.torch.nn.functional, "scaled_dot_product_attention",
+                                              _pre_fix_sdpa))
+        if additive_mask:
+            original = masking_utils.sdpa_mask
+
+            def sdpa_mask(*args, **kwargs):
+                kwargs["allow_is_causal_skip"] = False
+                mask = original(*args, **kwargs)
+                if mask is None:
+                    return None
+                zero = torch.zeros((), dtype=torch.float32, device=mask.device)
+                return torch.where(mask, zero, torch.finfo(torch.float32).min)
+
+            stack.enter_context(_registry_patch(masking_utils.ALL_MASK_ATTENTION_FUNCTIONS, original, sdpa_mask))
+        yield
+
+
+# --- rotary precision (transformers #25681, #29496, #29285; gpt-neox #1003) ---------------------
+
+
+@contextlib.contextmanager
+def rotary_low_precision(module_path: str, cls_name: str, how: str) -> Iterator[None]:
+    """A ``<Model>RotaryEmbedding.forward`` computing its tables in low precision.
+
+    ``"inv_freq_bf16"``: inv_freq rounded to bfloat16 (what ``model.to(torch.bfloat16)`` does to the
+    buffer, #25681); ``"phase_bf16"``: positions and phase in bfloat16 (#29496, caches rebuilt in bf16
+    under mixed precision; #29285, the product autocast to bf16); ``"tables_fp16"``: inv_freq, phase,
+    cos and sin all in float16 (gpt-neox #1003).
+    """
+    import importlib
+
+    cls = getattr(importlib.import_module(module_path), cls_name)
+
+    def forward(self, x, position_ids):
+        inv = self.inv_freq.to(x.device)
+        if how == "inv_freq_bf16":
+            freqs = position_ids[..., None].float() * inv.to(torch.bfloat16).float()
+        elif how == "phase_bf16":
+            freqs = (position_ids[..., None].to(torch.bfloat16) * inv.to(torch.bfloat16)).float()
+        elif how == "tables_fp16":
+            freqs = position_ids[..., None].half() * inv.half()
+        else:
+            raise ValueError(f"how={how!r} is not one of inv_freq_bf16, phase_bf16, tables_fp16")
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+    with mock.patch.object(cls, "forward", forward):
+        yield
+
+
+# --- scale, dropout (transformers #38290, torchtune #1791) -----------------------------------------
+
+
+@contextlib.contextmanager
+def opt_scale_twice() -> Iterator[None]:
+    """OPT's eager attention scaling queries that ``q_proj(x) * scaling`` already scaled (transformers #38290)."""
+    from transformers.models.opt import modeling_opt
+
+    original = modeling_opt.eager_attention_forward
+
+    def eager(module, query, key, value, attention_mask, scaling, *args, **kwargs):
+        return original(module, query, key, value, attention_mask, module.scaling, *args, **kwargs)
+
+    with mock.patch.object(modeling_opt, "eager_attention_forward", eager):
+        yield
+
+
+@contextlib.contextmanager
+def dropout_in_eval() -> Iterator[None]:
+    """The sdpa kernel handed the configured attention dropout in eval mode (torchtune #1791).
+
+    ``scaled_dot_product_attention`` applies ``dropout_p`` whatever the module's training flag, so a
+    caller must pass 0 outside training; torchtune passed ``self.attn_dropout`` unconditionally.
+    """
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def kernel(module, query, key, value, attention_mask, *args, dropout=0.0, **kwargs):
+        return original(module, query, key, value, attention_mask, *args, dropout=module.attention_dropout, **kwargs)
+
+    with _registry_patch(ALL_ATTENTION_FUNCTIONS, original, kernel):
+        yield
