@@ -16,6 +16,7 @@ mechanism, :mod:`probes.gates`: many head masks per forward pass, prefix residua
 Results are pandas DataFrames / Series.
 """
 
+from probes.compare import ESTIMATOR_COLUMNS, compare_estimators
 from probes.entropy import attention_entropy
 from probes.importance import head_importance
 from probes.l0_gates import L0Options
@@ -25,4 +26,4 @@ from probes.roles import head_roles
 from probes.similarity import head_similarity
 
 __all__ = ["head_importance", "patch_residual", "L0Options", "prune_curve", "redundancy", "head_similarity",
-           "head_roles", "attention_entropy"]
+           "head_roles", "attention_entropy", "compare_estimators", "ESTIMATOR_COLUMNS"]
