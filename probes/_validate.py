@@ -6,14 +6,17 @@ needs to know about a model (:class:`ModelInfo`) through the model protocol only
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Optional
+from typing import Any, Optional, ParamSpec, TypeVar
 
+import pandas as pd
 import torch
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from harness._checks import (
@@ -25,6 +28,7 @@ from harness._checks import (
     is_number,
 )
 from harness.adapters.bridge import BridgeAdapter, is_bridge
+from harness.adapters.entry import adapt, describe
 from harness.adapters.protocol import AnyModel, check_protocol
 
 METHODS = ("ablation", "mean_ablation", "gradient", "l0_gates")
@@ -38,6 +42,34 @@ def z_hook(layer: int) -> str:
 
 def pattern_hook(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def takes_any_model(probe: Callable[P, R]) -> Callable[P, R]:
+    """A public probe's entry: a ``PreTrainedModel`` or ``TransformerBridge`` first argument goes behind
+    its adapter (:func:`harness.adapters.entry.adapt`), and a DataFrame or Series result records it in
+    ``attrs["adapter"]`` ("HFAdapter(gpt2, attention_interface)", "BridgeAdapter", "protocol model").
+
+    Anything else reaches the probe unchanged, so :func:`model_info` still names what it lacks.
+    """
+    @functools.wraps(probe)
+    def entry(*args: P.args, **kwargs: P.kwargs) -> R:
+        if args:
+            model = adapt(args[0])
+            args = (model, *args[1:])  # type: ignore[assignment]
+        elif "model" in kwargs:
+            model = kwargs["model"] = adapt(kwargs["model"])
+        else:
+            return probe(*args, **kwargs)
+        out = probe(*args, **kwargs)
+        if isinstance(out, (pd.DataFrame, pd.Series)):
+            out.attrs["adapter"] = describe(model)
+        return out
+
+    return entry
 
 
 @dataclass(frozen=True)
@@ -100,9 +132,9 @@ class ProbeData:
     sequence i (of token t+1) counts towards the loss, 0 elsewhere.
     """
 
-    tokens: Tensor  # long [n, pos]
-    attention_mask: Optional[Tensor]  # bool [n, pos] or None (every token real)
-    weights: Tensor  # float [n, pos-1]
+    tokens: Int[Tensor, "n pos"]
+    attention_mask: Optional[Bool[Tensor, "n pos"]]  # None: every token real
+    weights: Float[Tensor, "n pos-1"]
 
     @property
     def n(self) -> int:

@@ -17,9 +17,10 @@ import torch
 from torch import Tensor
 
 from probes import _patterns
-from probes._validate import check_batch_size, check_threshold, model_info, prepare
+from probes._validate import check_batch_size, check_threshold, model_info, prepare, takes_any_model
 
 
+@takes_any_model
 def attention_entropy(model: Any, tokens: Tensor, *, threshold: float = 0.9, batch_size: Optional[int] = None,
                       attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """``DataFrame[layer, head, entropy, max_prob, saturated_fraction]``."""

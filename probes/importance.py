@@ -37,6 +37,7 @@ from probes._validate import (
     check_choice,
     model_info,
     prepare,
+    takes_any_model,
 )
 
 
@@ -80,6 +81,7 @@ def layer_normalize(scores: Tensor) -> Tensor:
     return torch.where(norm > 0, scores / norm.clamp(min=torch.finfo(scores.dtype).tiny), scores)
 
 
+@takes_any_model
 def head_importance(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, method: str = "ablation",
                     batch_size: Optional[int] = None, normalize: bool = False,
                     attention_mask: Optional[Tensor] = None,

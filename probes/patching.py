@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from probes._validate import model_info
+from probes._validate import model_info, takes_any_model
 from probes.gates import eval_mode, rows_per_pass
 
 Metric = Callable[[Tensor], Tensor]  # logits [batch, pos, d_vocab] -> a scalar tensor
@@ -75,6 +75,7 @@ def _patch_fn(clean_resid: Tensor, positions: Sequence[int], b: int) -> Callable
 
 
 @torch.no_grad()
+@takes_any_model
 def patch_residual(model: Any, clean_tokens: Tensor, corrupted_tokens: Tensor,
                    metric: Metric, *, layers: Optional[Sequence[int]] = None,
                    positions: Optional[Sequence[int]] = None,

@@ -30,6 +30,7 @@ from probes._validate import (
     check_tolerance,
     model_info,
     prepare,
+    takes_any_model,
 )
 from probes.importance import importance_scores
 
@@ -73,6 +74,7 @@ def _random_order(seed: int, n: int) -> Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
 
 
+@takes_any_model
 def prune_curve(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, order: Any = "importance",
                 fractions: Any = None, seeds: Any = (0, 1, 2), reestimate: bool = False, method: str = "gradient",
                 batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
@@ -125,6 +127,7 @@ def _prunable(broken: Tensor) -> int:
     return int(over[0]) - 1 if len(over) else len(broken) - 1
 
 
+@takes_any_model
 def redundancy(model: Any, tokens: Tensor, *, tolerance: float = 0.01, loss_mask: Optional[Tensor] = None,
                method: str = "gradient", seeds: Any = (0, 1, 2), reestimate: bool = False, criterion: str = "loss",
                batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.Series:

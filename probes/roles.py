@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from probes import _patterns
-from probes._validate import check_batch_size, model_info, prepare
+from probes._validate import check_batch_size, model_info, prepare, takes_any_model
 
 ROLES = ("previous_token", "induction", "duplicate_token", "first_token")
 
@@ -46,6 +46,7 @@ def role_key_sets(tokens: Tensor, real: Tensor) -> dict[str, Tensor]:
     return {"previous_token": previous, "induction": after_copy, "duplicate_token": same, "first_token": first}
 
 
+@takes_any_model
 def head_roles(model: Any, tokens: Tensor, *, batch_size: Optional[int] = None,
                attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """``DataFrame[layer, head, previous_token, induction, duplicate_token, first_token]``.

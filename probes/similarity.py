@@ -20,7 +20,16 @@ import torch
 from torch import Tensor
 
 from probes import _patterns
-from probes._validate import METRICS, ModelInfo, ProbeData, check_batch_size, check_choice, model_info, prepare
+from probes._validate import (
+    METRICS,
+    ModelInfo,
+    ProbeData,
+    check_batch_size,
+    check_choice,
+    model_info,
+    prepare,
+    takes_any_model,
+)
 
 
 def _labels(info: ModelInfo) -> list[str]:
@@ -75,6 +84,7 @@ def _output_cka(model: Any, info: ModelInfo, data: ProbeData, batch_size: Option
     return torch.where(denom > 0, cross / denom, torch.full_like(cross, float("nan")))
 
 
+@takes_any_model
 def head_similarity(model: Any, tokens: Tensor, *, metric: str = "pattern", batch_size: Optional[int] = None,
                     attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """Square similarity matrix between every pair of heads, rows and columns labelled ``L{l}H{h}``."""

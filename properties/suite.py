@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from harness.adapters.entry import adapt, describe
 from harness.adapters.protocol import check_protocol
 from properties.checks import (
     attention_scale,
@@ -59,6 +60,7 @@ def check_model(model: Any, *, seed: int = 0, max_examples: Optional[int] = None
     unknown = [n for n in names if n not in PROPERTIES]
     if unknown or not names:
         raise ValueError(f"properties={properties!r} is invalid: expected names from {list(PROPERTIES)}")
+    model = adapt(model)  # a PreTrainedModel or TransformerBridge goes behind its adapter
     check_protocol(model)
     was_training = getattr(model, "training", False)
     model.eval()  # dropout or other train-mode noise would break every equality
@@ -68,4 +70,5 @@ def check_model(model: Any, *, seed: int = 0, max_examples: Optional[int] = None
         model.train(was_training)
     frame = pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in rows], columns=COLUMNS)
     frame["passed"] = frame["passed"].astype(object)
+    frame.attrs["adapter"] = describe(model)
     return frame

@@ -26,3 +26,30 @@ def wrap(model: Any) -> Any:
         return model
     raise TypeError(f"cannot wrap a {type(model).__name__}: expected a protocol model (HookedRootModule with cfg), "
                     f"a transformers PreTrainedModel or a TransformerLens TransformerBridge")
+
+
+def needs_wrapping(model: Any) -> bool:
+    """Whether :func:`wrap` would put ``model`` behind an adapter (a ``PreTrainedModel`` or a bridge)."""
+    return _is_pretrained(model) or is_bridge(model)
+
+
+def adapt(model: Any) -> Any:
+    """``wrap(model)`` for a ``PreTrainedModel`` or a bridge; anything else unchanged.
+
+    The entry points (``properties.check_model``, the probes) call this, then run their own
+    protocol check, so a model that is neither keeps the checker's error listing what it lacks.
+    """
+    return wrap(model) if needs_wrapping(model) else model
+
+
+def describe(model: Any) -> str:
+    """Which adapter a (wrapped) model is behind, as results record it in ``attrs["adapter"]``.
+
+    ``"HFAdapter(llama, attention_interface)"`` (architecture and route), ``"BridgeAdapter"``,
+    ``"FunctionModel"`` (a plain module or function given with a cfg) or ``"protocol model"``.
+    """
+    if isinstance(model, HFAdapter):
+        return f"HFAdapter({model.cfg.arch}, {model.route})"
+    if type(model).__module__.startswith("harness.adapters."):  # BridgeAdapter, FunctionModel: by class name
+        return type(model).__name__
+    return "protocol model"
