@@ -4,7 +4,8 @@ Mutants (tests/mutants/catalogue.py) subclass it and override one small method t
 bug, so a kill shows that the property suite judges an implementation it has never seen,
 not ``harness`` internals. Every overridable step is a method: ``positions``,
 ``step_positions``, ``embed_positions``; on the attention: ``scale``, ``rotate_q``/``rotate_k``,
-``allowed``, ``apply_mask``, ``normalize``, ``slopes``, ``kernel``; on the norm: ``stats_dims``.
+``allowed``, ``apply_mask``, ``normalize``, ``slopes``, ``alibi_bias``, ``kernel``; on the norm:
+``stats_dims``.
 
 Formulas: scaled dot-product attention (Vaswani et al. 2017 eq. 1), sinusoidal positions
 (§3.5), RoPE in the rotate-half layout (Su et al. 2021 eq. 34), ALiBi (Press et al. 2022, with the
@@ -126,6 +127,10 @@ class RefAttention(nn.Module):
         c = 2 ** int(math.floor(math.log2(n)))
         return torch.tensor(geometric(c) + geometric(2 * c)[0::2][: n - c])
 
+    def alibi_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """ALiBi's ``-m_h |i - j|`` over positions, ``[batch, heads, q, k]``."""
+        return -self.slopes()[None, :, None, None] * (q_pos[:, None, :, None] - k_pos[:, None, None, :]).abs()
+
     def kernel(self, raw_scores: Tensor, pattern: Tensor, v: Tensor, q_idx: Tensor, k_idx: Tensor,
                key_mask: Tensor) -> Tensor:
         """The attention output (``hook_z``); a fused kernel would recompute it from the unmasked scores."""
@@ -173,8 +178,7 @@ class RefAttention(nn.Module):
             cache.k[layer], cache.v[layer] = k, v
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.scale()
         if cfg.positional_embedding_type == "alibi":
-            slopes = self.slopes()
-            scores = scores - slopes[None, :, None, None] * (q_pos[:, None, :, None] - k_pos[:, None, None, :]).abs()
+            scores = scores + self.alibi_bias(q_pos, k_pos)
         q_idx, k_idx = torch.arange(past, past + n), torch.arange(past + n)
         allowed = self.allowed(q_idx, k_idx, key_mask)
         raw = scores
