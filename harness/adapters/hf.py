@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from harness._checks import check_int
 from harness.adapters import hf_attention as attention
 from harness.adapters import hf_routes as routes
 from harness.adapters.hf_design import HFDesign, position_embedding_module, read_design
@@ -266,8 +267,7 @@ class HFAdapter(HookedRootModule):
         if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
-        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
-            raise ValueError(f"position_offset={position_offset!r} is invalid: expected an integer >= 0")
+        check_int("position_offset", position_offset, 0)
         if attention_mask is None:
             mask = torch.ones_like(tokens)
         else:

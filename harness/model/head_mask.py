@@ -16,6 +16,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from harness._checks import is_number
+
 __all__ = ["normalize_head_mask", "check_head_mask_shape", "apply_head_mask", "head_mask_of"]
 
 _HANDLES = "_attnlab_head_mask_handles"  # attribute on the model: the hooks this module added
@@ -47,7 +49,7 @@ def normalize_head_mask(mask: Any) -> tuple[tuple[int, ...], ...]:
             raise _fail(mask, "a non-empty [n_layers, n_heads] grid of 0/1 (each row a non-empty sequence)")
         out = []
         for v in row:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1):
+            if not is_number(v) or v not in (0, 1):
                 raise _fail(mask, f"only 0 (pruned) and 1 (kept) entries, found {v!r}")
             out.append(int(v))
         rows.append(tuple(out))

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from harness._checks import check_number
 from harness.model.config import ModelConfig
 
 __all__ = ["soft_kl", "mixed_loss", "check_teacher"]
@@ -81,13 +82,6 @@ def check_teacher(distill_from: str | os.PathLike, student: ModelConfig) -> tupl
 DEFAULT_TEMPERATURE, DEFAULT_ALPHA = 2.0, 0.5
 
 
-def _number(name: str, value: Any, ok: Any, expected: str) -> None:
-    import math
-
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise ValueError(f"{name}={value!r} is invalid: expected {expected}")
-
-
 def check_fields(head_mask: Any, distill_from: Any, temperature: Any, alpha: Any) -> Any:
     """Validate TrainConfig's prune-and-heal fields; returns ``head_mask`` normalized (or None).
 
@@ -98,8 +92,8 @@ def check_fields(head_mask: Any, distill_from: Any, temperature: Any, alpha: Any
 
     if distill_from is not None and (not isinstance(distill_from, (str, os.PathLike)) or not str(distill_from)):
         raise ValueError(f"distill_from={distill_from!r} is invalid: expected None or the path of a teacher run")
-    _number("temperature", temperature, lambda v: v > 0, "a finite number > 0")
-    _number("alpha", alpha, lambda v: 0 <= v <= 1, "a number in [0, 1] (1 = pure distillation)")
+    check_number("temperature", temperature, 0, expected="a finite number > 0")
+    check_number("alpha", alpha, 0, 1, low_inclusive=True, expected="a number in [0, 1] (1 = pure distillation)")
     if distill_from is None:
         for name, value, default in (("temperature", temperature, DEFAULT_TEMPERATURE),
                                      ("alpha", alpha, DEFAULT_ALPHA)):

@@ -29,6 +29,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
+from harness._checks import check_positive_int
 from harness.adapters.protocol import run
 from properties.checks._common import fmt, hook_gap, max_len, prepare
 from properties.search import PropertyResult, search
@@ -39,8 +40,7 @@ TOLERANCE = 1e-3
 
 def press_slopes(n_heads: int, bias_max: float = 8.0) -> list[float]:
     """Press et al. 2022 §3 slopes for ``n_heads`` heads, with the reference code's non-power-of-two rule."""
-    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
-        raise ValueError(f"n_heads={n_heads!r} is invalid: expected an integer >= 1")
+    check_positive_int("n_heads", n_heads)
 
     def geometric(n: int) -> list[float]:
         start = 2.0 ** (-bias_max / n)
