@@ -16,6 +16,7 @@ import click
 
 from reports.options import (
     BENCH_MODES,
+    comma_floats,
     comma_ints,
     model_and_train_configs,
     model_options,
@@ -278,6 +279,47 @@ def demo(out_dir: str, preset_name: Optional[str], overwrite: bool, check_exampl
         click.echo(f"  {label:<{width}}{value}")
     click.echo(f"report: {result.report.html}")
     click.echo(f"        {result.report.markdown}")
+
+
+@cli.command(short_help="Prune heads, then heal by fine-tuning and distillation.")
+@_run_dir_arg
+@click.option("--prune-fraction", "fractions", type=comma_floats, default="0.25,0.5,0.75", show_default=True,
+              help="Fractions of the heads to prune, least important first (comma-separated).")
+@click.option("--steps", type=click.IntRange(min=1), default=200, show_default=True, help="Healing steps per run.")
+@click.option("--temperature", type=float, default=2.0, show_default=True, help="Distillation temperature T.")
+@click.option("--alpha", type=float, default=0.5, show_default=True,
+              help="Weight of the distillation loss (1 = pure distillation, 0 = the labels alone).")
+@click.option("--lr", type=float, default=None, help="Healing peak lr (default: the run's lr x 0.3).")
+@click.option("--seeds", type=comma_ints, default="0", show_default=True,
+              help="Seeds of the random prune orders healed as the baseline.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=str),
+              help="Folder for the healed runs (default RUN_DIR/heal).")
+@_progress_opt
+def heal(run_dir: str, fractions: tuple[float, ...], steps: int, temperature: float, alpha: float,
+         lr: Optional[float], seeds: tuple[int, ...], out_dir: Optional[str], progress: Optional[bool]) -> None:
+    """Prune heads of a run by its importance order (and random orders), fine-tune and distill each
+    pruned model from the run -> healed runs and RUN_DIR/probes/heal.csv (the report's heal section)."""
+    from reports.heal import heal as run_heal
+
+    table = run_heal(run_dir, fractions=fractions, steps=steps, temperature=temperature, alpha=alpha, lr=lr,
+                     seeds=seeds, out=out_dir, progress=progress)
+    shown = table[table["order"] == "importance"].pivot(index="fraction_pruned", columns="stage",
+                                                       values=["loss", "accuracy"])
+    click.echo(shown.to_string(float_format=lambda v: f"{v:.4f}"))
+    click.echo(f"wrote {os.path.join(run_dir, 'probes', 'heal.csv')} and the healed runs in "
+               f"{out_dir or os.path.join(run_dir, 'heal')}")
+
+
+@cli.command(short_help="Export a run as a Hugging Face model.")
+@_run_dir_arg
+@click.option("--hf", "hf_dir", required=True, type=click.Path(path_type=str),
+              help="Folder for the save_pretrained output (config.json, model.safetensors).")
+def export(run_dir: str, hf_dir: str) -> None:
+    """Write the run's model as GPT2LMHeadModel or LlamaForCausalLM save_pretrained output (safetensors)."""
+    from reports.export import export_hf
+
+    hf = export_hf(run_dir, hf_dir)
+    click.echo(f"wrote {type(hf).__name__} to {hf_dir} (transformers.AutoModelForCausalLM.from_pretrained loads it)")
 
 
 @cli.command(short_help="Benchmark table for this machine.")

@@ -228,6 +228,34 @@ def prune_curve(df: pd.DataFrame, tolerance: float = 0.01) -> Figure:
     return fig
 
 
+STAGE_COLORS = {"before": "#888888", "fine-tuned": "#009E73", "distilled": "#CC79A7"}
+
+
+def heal_curves(df: pd.DataFrame) -> Figure:
+    """Loss and accuracy of pruned models before healing, after fine-tuning and after distillation.
+
+    Solid lines: heads pruned least important first; dashed: random orders (band = spread over seeds).
+    """
+    _require(df, ("order", "seed", "fraction_pruned", "stage", "loss", "accuracy"), "heal_curves")
+    stages = [s for s in STAGE_COLORS if s in set(df["stage"])] + sorted(set(df["stage"]) - set(STAGE_COLORS))
+    palette = {s: STAGE_COLORS.get(s, "#555555") for s in stages}
+    dashes = {"importance": "", "random": (4, 2)}
+    with _style():
+        fig = _figure(10, 3.4)
+        ax_loss, ax_acc = fig.subplots(1, 2)
+        for ax, col, label in ((ax_loss, "loss", "loss (nats)"), (ax_acc, "accuracy", "accuracy")):
+            sns.lineplot(df, x="fraction_pruned", y=col, hue="stage", hue_order=stages, palette=palette,
+                         style="order", dashes={o: dashes.get(o, (1, 1)) for o in df["order"].unique()},
+                         marker="o", errorbar=("pi", 100), ax=ax, legend=col == "loss")
+            ax.set(xlabel="fraction of heads pruned", ylabel=label)
+        ax_loss.set_title("Loss: pruned, fine-tuned, distilled")
+        ax_acc.set_title("Accuracy: pruned, fine-tuned, distilled")
+        ax_loss.legend(frameon=False, fontsize="small")
+        if _wide_positive(df["loss"]):
+            _log_y(ax_loss, df["loss"])
+    return fig
+
+
 def similarity_clustermap(sim: pd.DataFrame, metric: str = "pattern") -> Figure:
     """Head-by-head similarity, rows and columns ordered by average-linkage clustering, with its dendrogram."""
     if not isinstance(sim, pd.DataFrame) or sim.shape[0] != sim.shape[1] or sim.empty:

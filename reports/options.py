@@ -112,7 +112,25 @@ class JsonGrid(click.ParamType):
             self.fail(f"{value!r} is not JSON: expected a grid such as [[1,0],[1,1]]", param, ctx)
 
 
+class CommaFloats(click.ParamType):
+    """``0.25,0.5`` -> ``(0.25, 0.5)`` (the stage checks the range)."""
+
+    name = "FLOATS"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            out = tuple(float(v) for v in str(value).split(",") if v.strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+        if not out:
+            self.fail(f"{value!r} is empty: expected numbers such as 0.25,0.5", param, ctx)
+        return out
+
+
 comma_ints = CommaInts()
+comma_floats = CommaFloats()
 NORM_CHOICES = {"LN": "LN", "RMS": "RMS", "none": None}
 
 # (option, config, field, click type, help). Flags are given as "--name/--no-name".

@@ -138,6 +138,11 @@ def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]
         specs.append(("patterns", "Attention patterns of the most important heads", "One validation example; "
                       "rows are queries, columns keys.",
                       lambda: plots.attention_patterns(data.patterns, data.example_tokens)))
+    if data.heal is not None:
+        specs.append(("heal", "Prune, then heal", "Loss and accuracy on the probe batch with heads pruned (solid: "
+                      "least important first by gradient importance; dashed: random orders), before healing, "
+                      "after fine-tuning on the labels and after distilling from the unpruned run (Hinton et al. "
+                      "2015), the pruned heads held at zero throughout.", lambda: plots.heal_curves(data.heal)))
     return specs
 
 
@@ -220,6 +225,35 @@ def redundancy_rows(red: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def heal_rows(heal: Any) -> list[dict] | None:
+    """The heal table: per pruned fraction (importance order), loss and accuracy at each stage."""
+    if heal is None:
+        return None
+    imp = heal[heal["order"] == "importance"]
+    rows = []
+    for frac, group in imp.groupby("fraction_pruned", sort=True):
+        by = group.set_index("stage")
+        rows.append({"fraction": pct(frac), "n_pruned": int(group["n_pruned"].iloc[0]),
+                     **{f"{col}_{s.replace('-', '_')}": by[col].get(s) for col in ("loss", "accuracy")
+                        for s in ("before", "fine-tuned", "distilled")}})
+    return rows
+
+
+def estimator_rows(df: Any) -> list[dict] | None:
+    """The estimator table: one row per method, its prunable fraction per budget as ``budgets``."""
+    if df is None:
+        return None
+    rows = []
+    for method, group in df.groupby("method", sort=False):
+        first = group.iloc[0]
+        rows.append({"method": method, "spearman": float(first["spearman"]), "kendall": float(first["kendall"]),
+                     "budgets": [(pct(b), pct(f)) for b, f in zip(group["budget"], group["prunable_fraction"],
+                                                                  strict=True)],
+                     "seconds": float(first["seconds"]),
+                     "passes": float(first["forward_passes"] + first["backward_passes"])})
+    return rows
+
+
 def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
     """Everything the templates show (values raw; the templates escape and format)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -257,9 +291,11 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
         "redundancy": None if data.redundancy is None else redundancy_rows(data.redundancy),
         "top_heads": _top_heads(data),
         "has_probes": data.has_probes,
+        "heal_rows": heal_rows(data.heal),
         "figures": {f.key: f for f in figures},
         "sections": [("headline", "Headline"), ("model", "Model card"), ("training", "Training"),
-                     ("properties", "Properties"), ("saturation", "Softmax saturation"), ("heads", "Heads")],
+                     ("properties", "Properties"), ("saturation", "Softmax saturation"), ("heads", "Heads"),
+                     *([("heal", "Prune, then heal")] if data.heal is not None else [])],
     }
 
 

@@ -39,6 +39,7 @@ PROBE_FILES = {
     "attention_entropy": "attention_entropy.csv",
     "patterns": "patterns.csv",
     "example": "example_tokens.csv",
+    "heal": "heal.csv",  # written by the heal stage (reports.heal)
 }
 TOLERANCE = 0.01  # the prune budget of the headline: loss may rise by at most 1% (relative)
 ACCURACY_DROP = 0.01  # the second reading of the prune curve: accuracy may fall by at most 1 point
@@ -55,6 +56,7 @@ COLUMNS = {
     "attention_entropy": ("layer", "head", "entropy", "max_prob"),
     "patterns": ("layer", "head", "rank", "query", "key", "weight"),
     "example": ("position", "token"),
+    "heal": ("order", "seed", "n_pruned", "fraction_pruned", "stage", "loss", "accuracy"),
 }
 
 
@@ -124,6 +126,7 @@ class RunData:
     attention_entropy: Optional[pd.DataFrame] = None
     patterns: Optional[pd.DataFrame] = None
     example_tokens: Optional[list[int]] = None
+    heal: Optional[pd.DataFrame] = None
 
     @property
     def has_probes(self) -> bool:
@@ -157,7 +160,7 @@ def load(run_dir: Any) -> RunData:
         df = _optional_csv(layout.probe_file(PROBE_FILES[f"importance_{method}"]), COLUMNS["importance"])
         if df is not None:
             data.importance[method] = df
-    for key in ("prune_curve", "head_roles", "attention_entropy", "patterns"):
+    for key in ("prune_curve", "head_roles", "attention_entropy", "patterns", "heal"):
         setattr(data, key, _optional_csv(layout.probe_file(PROBE_FILES[key]), COLUMNS[key]))
     data.similarity = _optional_csv(layout.probe_file(PROBE_FILES["similarity"]), (), index_col=0)
     if data.similarity is not None and list(data.similarity.index) != list(data.similarity.columns):
