@@ -63,3 +63,32 @@ def test_unpatched_model_raises_no_alarm(bug):
     frame = run(bug, patched=False, max_examples=MAX_EXAMPLES)
     failed = frame[frame.status == "fail"]
     assert failed.empty, failed[["property", "worst", "counterexample"]].to_dict("records")
+
+
+def _llama_bf16(cast: bool):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.field_bugs import models
+
+    if cast:  # the user's cast: Module.to casts the non-persistent inv_freq buffer as well
+        return models.llama(n_ctx=2048).to(torch.bfloat16)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(models.llama(n_ctx=2048).config, dtype=torch.bfloat16).eval()
+
+
+def test_live_bf16_cast_rounds_inv_freq():
+    # transformers #25681 still reproduces unpatched in the installed release: .to(torch.bfloat16) rounds
+    # LlamaRotaryEmbedding.inv_freq to bf16, building the model in bf16 (dtype=) keeps it in float32
+    import torch
+
+    from harness.adapters import wrap
+    from properties import check_model
+
+    cast, built = _llama_bf16(True), _llama_bf16(False)
+    assert cast.model.rotary_emb.inv_freq.dtype == torch.bfloat16  # the witness: the buffer itself
+    assert built.model.rotary_emb.inv_freq.dtype == torch.float32
+    bad = check_model(wrap(cast), properties=["rotary_precision"], max_examples=MAX_EXAMPLES).iloc[0]
+    good = check_model(wrap(built), properties=["rotary_precision"], max_examples=MAX_EXAMPLES).iloc[0]
+    assert bad.status == "fail" and "position_offset=" in bad.counterexample, bad.to_dict()
+    assert good.status == "pass", good.to_dict()

@@ -193,4 +193,32 @@ BUGS: list[FieldBug] = [
          models.gpt2, _p(bridge_user.mask_blind_positions),
          lambda: bridge_user.left_pad_moves_logits(models.gpt2, _p(bridge_user.mask_blind_positions)),
          ["padding_outputs"], wrap="bridge_user"),
+    _bug("hf48745_decoder_attends_to_future",
+         [("huggingface/transformers#48745", GH + "huggingface/transformers/issues/48745")],
+         "Since transformers 5.9, RoFormer, BigBird, RemBert and MegatronBert used as causal LMs "
+         "(is_decoder=True) let each position see the tokens after it; causal-LM training loss collapsed.",
+         "modeling_roformer.create_causal_mask builds the bidirectional mask.",
+         models.roformer, _p(patches.decoder_gets_bidirectional_mask),
+         lambda: w.future_moves_past(models.roformer, _p(patches.decoder_gets_bidirectional_mask), LONG),
+         ["causal_outputs"]),
+    _bug("xformers103_causal_skipped_without_mask",
+         [("facebookresearch/xformers#103", GH + "facebookresearch/xformers/issues/103"),
+          ("the same slip: huggingface/transformers#48770", GH + "huggingface/transformers/pull/48770")],
+         "The causal mask was applied only when an attention mask tensor was passed, so a call without one "
+         "attended to the future (Doge hit the same under sdpa's is_causal fast path).",
+         "transformers' sdpa kernel is called with is_causal=False whenever the model passes no mask "
+         "(an unpadded causal batch).",
+         functools.partial(models.llama, attn="sdpa"), _p(patches.sdpa_causal_skipped_without_mask),
+         lambda: w.future_moves_past(functools.partial(models.llama, attn="sdpa"),
+                                     _p(patches.sdpa_causal_skipped_without_mask), LONG),
+         ["causal_outputs", "kernel_consistency"]),
+    _bug("labml146_softmax_over_queries",
+         [("labmlai/annotated_deep_learning_paper_implementations#146",
+           GH + "labmlai/annotated_deep_learning_paper_implementations/issues/146")],
+         "A self-attention softmax ran over the query axis instead of the key axis, so weights no longer "
+         "formed a distribution over keys (and a causal model's normalizer saw later queries).",
+         "Llama's eager_attention_forward normalizes with softmax(dim=-2).",
+         models.llama, _p(patches.softmax_over_queries),
+         lambda: w.future_moves_past(models.llama, _p(patches.softmax_over_queries), LONG),
+         ["causal_outputs", "kernel_consistency"]),
 ]

@@ -81,11 +81,23 @@ def docs(matrix: pd.DataFrame, frames: dict, bugs: list[FieldBug], command: str)
              "(false alarms).", "", summary(matrix, bugs).replace("\n", "\n\n"), "", to_markdown(matrix), "",
              "| bug | tracker | what went wrong | replay | witness | caught by | shrunk counterexample |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
+    alarms = []
     for bug in bugs:
-        frame, _ = frames[bug.name]
+        frame, clean = frames[bug.name]
         links = "<br>".join(f"[{label}]({url})" for label, url in bug.links)
         prop = bug.must_flag[0]
-        example = frame.loc[prop, "counterexample"].replace("|", "\\|") or "(not caught)"
-        lines.append(f"| {bug.name} | {links} | {bug.summary} | {bug.replay} | {bug.witness()} | "
-                     f"{', '.join(bug.must_flag)} | `{prop}`: {example} |")
+        example = frame.loc[prop, "counterexample"] or "(not caught)"
+        cells = [bug.name, links, bug.summary, bug.replay, bug.witness(), ", ".join(bug.must_flag),
+                 f"`{prop}`: {example}"]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        alarms += [(bug.name, r) for r in clean[clean.status == "fail"].itertuples()]
+    lines += ["", "## False alarms on the unpatched models", ""]
+    if not alarms:
+        lines.append("None.")
+    for name, r in alarms:
+        lines.append(f"- {name} unpatched, `{r.property}`: {_cell(r.counterexample)} ({_cell(r.reason)})")
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")

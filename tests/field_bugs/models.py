@@ -58,3 +58,10 @@ def opt(attn: str = "eager") -> torch.nn.Module:
     return _build("opt", attn, vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
                   num_attention_heads=4, max_position_embeddings=32, word_embed_proj_dim=32, init_std=0.2,
                   **NO_SPECIAL)
+
+
+def roformer(attn: str = "eager") -> torch.nn.Module:
+    """RoFormer as a causal LM (``is_decoder=True``): rotary positions, BERT-style blocks."""
+    return _build("roformer", attn, vocab_size=VOCAB, hidden_size=32, embedding_size=32, intermediate_size=64,
+                  num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, is_decoder=True,
+                  initializer_range=0.2, pad_token_id=None)

@@ -227,3 +227,55 @@ def dropout_in_eval() -> Iterator[None]:
 
     with _registry_patch(ALL_ATTENTION_FUNCTIONS, original, kernel):
         yield
+
+
+# --- causality and the softmax axis (transformers #48745, xformers #103, labml #146) ---------------
+
+
+@contextlib.contextmanager
+def decoder_gets_bidirectional_mask() -> Iterator[None]:
+    """RoFormer's decoder building the bidirectional mask instead of the causal one (transformers #48745)."""
+    from transformers.models.roformer import modeling_roformer
+
+    def causal_mask(config, inputs_embeds, attention_mask, cache=None, **kwargs):
+        return masking_utils.create_bidirectional_mask(config=config, inputs_embeds=inputs_embeds,
+                                                       attention_mask=attention_mask)
+
+    with mock.patch.object(modeling_roformer, "create_causal_mask", causal_mask):
+        yield
+
+
+@contextlib.contextmanager
+def sdpa_causal_skipped_without_mask() -> Iterator[None]:
+    """The sdpa kernel dropping causality when no mask tensor is passed (xformers #103).
+
+    transformers leaves the mask out for an unpadded causal batch and relies on ``is_causal``; the
+    bug treated "no mask" as "no masking at all".
+    """
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def kernel(module, query, key, value, attention_mask, *args, **kwargs):
+        if attention_mask is None:
+            kwargs["is_causal"] = False
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    with _registry_patch(ALL_ATTENTION_FUNCTIONS, original, kernel):
+        yield
+
+
+@contextlib.contextmanager
+def softmax_over_queries() -> Iterator[None]:
+    """Llama's eager attention normalizing over the query axis (dim=-2) instead of the keys (labml #146)."""
+    from transformers.models.llama import modeling_llama
+
+    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        key_states = modeling_llama.repeat_kv(key, module.num_key_value_groups)
+        value_states = modeling_llama.repeat_kv(value, module.num_key_value_groups)
+        weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            weights = weights + attention_mask
+        weights = torch.softmax(weights, dim=-2, dtype=torch.float32).to(query.dtype)
+        return torch.matmul(weights, value_states).transpose(1, 2).contiguous(), weights
+
+    with mock.patch.object(modeling_llama, "eager_attention_forward", eager):
+        yield

@@ -112,3 +112,22 @@ def eval_not_deterministic(build: Callable, patch: Patch, tokens: list[list[int]
         diff = float((model(x).logits - model(x).logits).abs().max())
     assert diff > 1e-3, "the patch leaves eval deterministic"
     return f"two eval forwards of tokens={tokens} differ by {diff:.3g}"
+
+
+@torch.no_grad()
+def future_moves_past(build: Callable, patch: Patch, tokens: list[list[int]]) -> str:
+    """Changing the last token moves the patched model's earlier logits; the unpatched model's stay put."""
+    x = torch.tensor(tokens)
+    y = x.clone()
+    y[:, -1] = (y[:, -1] + 1) % 64
+
+    def leak() -> float:
+        model = build()
+        return float((model(x).logits[:, :-1] - model(y).logits[:, :-1]).abs().max())
+
+    clean = leak()
+    assert clean == 0.0, f"the unpatched model already leaks the future ({clean:.3g})"
+    with patch():
+        seen = leak()
+    assert seen > 1e-3, "the patch leaves the model causal"
+    return f"changing the last of tokens={tokens} moves earlier logits by {seen:.3g} (unpatched 0)"
