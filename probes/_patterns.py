@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from harness.adapters.protocol import ProtocolModel
 from probes import gates
 from probes._validate import ModelInfo, ProbeData, pattern_hook, z_hook
 
@@ -31,7 +32,7 @@ def _capture(seen: dict[int, Tensor], layer: int):
     return fn
 
 
-def stream(model: Any, info: ModelInfo, data: ProbeData, *, what: str = "pattern",
+def stream(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, what: str = "pattern",
            batch_size: Optional[int] = None) -> Iterator[tuple[slice, list[Tensor]]]:
     """Yield ``(rows, per-layer tensors)``: patterns ``[b, n_heads, q, k]`` or ``hook_z`` ``[b, pos, n_heads, d_head]``.
     """

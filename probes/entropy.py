@@ -10,23 +10,25 @@ Zhai et al. 2023).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional, cast
 
 import pandas as pd
 import torch
 from torch import Tensor
 
+from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import _patterns
 from probes._validate import check_batch_size, check_threshold, model_info, prepare, takes_any_model
 
 
 @takes_any_model
-def attention_entropy(model: Any, tokens: Tensor, *, threshold: float = 0.9, batch_size: Optional[int] = None,
+def attention_entropy(model: AnyModel, tokens: Tensor, *, threshold: float = 0.9, batch_size: Optional[int] = None,
                       attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """``DataFrame[layer, head, entropy, max_prob, saturated_fraction]``."""
     threshold = check_threshold("threshold", threshold)
     batch_size = check_batch_size(batch_size)
     info = model_info(model, need_pattern=True)
+    model = cast(ProtocolModel, model)  # model_info checked it
     data = prepare(info, tokens, attention_mask=attention_mask, need_loss=False)
     L, H = info.n_layers, info.n_heads
     sums = torch.zeros(3, L, H, dtype=torch.float64, device=info.device)

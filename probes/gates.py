@@ -24,8 +24,10 @@ from contextlib import contextmanager
 from typing import Any, Optional, overload
 
 import torch
+from jaxtyping import Bool, Float, Float64, Int, Shaped
 from torch import Tensor
 
+from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import _shard
 from probes._validate import ModelInfo, ProbeData, z_hook
 
@@ -40,7 +42,7 @@ def rows_per_pass(batch_size: Optional[int], pos: int) -> int:
 
 
 @contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+def eval_mode(model: AnyModel) -> Iterator[None]:
     """Probe in eval mode (no dropout), then restore every module's own training flag."""
     flags = [(m, m.training) for m in model.modules()]
     model.eval()
@@ -55,7 +57,7 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
             m.training = flag
 
 
-def run(model: Any, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
+def run(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
         start: Optional[int] = None, stop: Optional[int] = None) -> Tensor:
     """One forward pass through the model protocol with temporary forward hooks.
 
@@ -111,7 +113,8 @@ def _layer_hooks(masks: Tensor, layers: range, means: Optional[Tensor]) -> list:
     return hooks
 
 
-def token_nll(logits: Tensor, tokens: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def token_nll(logits: Float[Tensor, "kb pos d_vocab"], tokens: Int[Tensor, "batch pos"], k: int
+              ) -> tuple[Float[Tensor, "k batch pos-1"], Bool[Tensor, "k batch pos-1"]]:
     """Next-token NLL and correctness ``[k, batch, pos-1]`` for ``k`` mask-major copies of ``tokens``."""
     b, p = tokens.shape
     logits = logits[:, :-1].reshape(k, b, p - 1, -1).float()
@@ -138,8 +141,9 @@ def _repeat(t: Optional[Tensor], k: int) -> Optional[Tensor]:
     return t.repeat(k, *([1] * (t.ndim - 1)))
 
 
-def masked_stats(model: Any, info: ModelInfo, data: ProbeData, masks: Tensor, *, means: Optional[Tensor] = None,
-                 base: Optional[Tensor] = None, batch_size: Optional[int] = None) -> tuple[Tensor, Tensor]:
+def masked_stats(model: ProtocolModel, info: ModelInfo, data: ProbeData, masks: Shaped[Tensor, "k n_layers n_heads"],
+                 *, means: Optional[Tensor] = None, base: Optional[Tensor] = None,
+                 batch_size: Optional[int] = None) -> tuple[Float64[Tensor, " k"], Float64[Tensor, " k"]]:
     """Loss and accuracy of the model under each of ``masks`` (``[k, n_layers, n_heads]``).
 
     Returns float64 ``[k]`` tensors: the next-token cross-entropy and the argmax accuracy,
@@ -190,7 +194,8 @@ def masked_stats(model: Any, info: ModelInfo, data: ProbeData, masks: Tensor, *,
     return (loss_sum / total)[inverse], (correct_sum / total)[inverse]
 
 
-def head_means(model: Any, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None) -> Tensor:
+def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None
+               ) -> Float[Tensor, "n_layers pos n_heads d_head"]:
     """Per-position mean of every head's ``hook_z`` over the data's real tokens.
 
     ``[n_layers, pos, n_heads, d_head]``; a position that is padding in every sequence gets 0.
@@ -215,8 +220,9 @@ def head_means(model: Any, info: ModelInfo, data: ProbeData, *, batch_size: Opti
     return torch.stack([sums[layer] / denom for layer in range(info.n_layers)]).float()
 
 
-def gate_gradients(model: Any, info: ModelInfo, data: ProbeData, *, base: Optional[Tensor] = None,
-                   means: Optional[Tensor] = None, batch_size: Optional[int] = None) -> tuple[Tensor, Tensor]:
+def gate_gradients(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, base: Optional[Tensor] = None,
+                   means: Optional[Tensor] = None, batch_size: Optional[int] = None
+                   ) -> tuple[Float64[Tensor, "n_layers n_heads"], Float64[Tensor, "n_layers n_heads"]]:
     """Gradients of the loss by head gates xi = 1 (Michel, Levy & Neubig 2019, eq. 2 and §4.1).
 
     Each sequence x gets its own gates, so one forward and one backward give every per-sequence

@@ -21,12 +21,13 @@ itself (it may be negative: removing the head helps).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import pandas as pd
 import torch
 from torch import Tensor
 
+from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import gates, l0_gates
 from probes._validate import (
     METHODS,
@@ -41,7 +42,7 @@ from probes._validate import (
 )
 
 
-def leave_one_out(model: Any, info: ModelInfo, data: ProbeData, *, base: Optional[Tensor] = None,
+def leave_one_out(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, base: Optional[Tensor] = None,
                   means: Optional[Tensor] = None, batch_size: Optional[int] = None) -> tuple[Tensor, float]:
     """Loss change ``[n_layers, n_heads]`` from removing each head still on in ``base``, and the base loss.
 
@@ -59,8 +60,8 @@ def leave_one_out(model: Any, info: ModelInfo, data: ProbeData, *, base: Optiona
     return delta.view(L, H), float(loss[0])
 
 
-def importance_scores(model: Any, info: ModelInfo, data: ProbeData, method: str, *, base: Optional[Tensor] = None,
-                      means: Optional[Tensor] = None, batch_size: Optional[int] = None,
+def importance_scores(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str, *,
+                      base: Optional[Tensor] = None, means: Optional[Tensor] = None, batch_size: Optional[int] = None,
                       l0: Optional[l0_gates.L0Options] = None) -> tuple[Tensor, Tensor]:
     """``(importance, loss_delta)``, each ``[n_layers, n_heads]`` float64, for an already validated call.
 
@@ -82,7 +83,7 @@ def layer_normalize(scores: Tensor) -> Tensor:
 
 
 @takes_any_model
-def head_importance(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, method: str = "ablation",
+def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, method: str = "ablation",
                     batch_size: Optional[int] = None, normalize: bool = False,
                     attention_mask: Optional[Tensor] = None,
                     l0_options: Optional[l0_gates.L0Options] = None) -> pd.DataFrame:
@@ -104,6 +105,7 @@ def head_importance(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] =
     batch_size = check_batch_size(batch_size)
     l0 = l0_gates.check_options(l0_options)
     info = model_info(model)
+    model = cast(ProtocolModel, model)  # model_info checked it
     data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
     baseline, extra = None, dict[str, Any]()

@@ -31,6 +31,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from harness._checks import check_number, check_positive_int, check_seed
+from harness.adapters.protocol import ProtocolModel
 from probes import gates
 from probes._validate import ModelInfo, ProbeData, z_hook
 
@@ -95,7 +96,7 @@ def _gated(layer: int, g: Tensor) -> Callable:
     return fn
 
 
-def train_gates(model: Any, info: ModelInfo, data: ProbeData, options: L0Options, *,
+def train_gates(model: ProtocolModel, info: ModelInfo, data: ProbeData, options: L0Options, *,
                 base: Optional[Tensor] = None) -> tuple[Tensor, dict[str, float]]:
     """Train the gates on the frozen model; returns ``(P(z != 0) [n_layers, n_heads] float64, stats)``.
 

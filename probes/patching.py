@@ -16,12 +16,13 @@ once and the patched passes start there: layers before l are the same in every p
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes._validate import model_info, takes_any_model
 from probes.gates import eval_mode, rows_per_pass
 
@@ -48,7 +49,7 @@ def _check(clean: object, corrupted: object, d_vocab: int, metric: object) -> tu
     return clean, corrupted
 
 
-def _forward(model: Any, x: Tensor, hooks: list, **kwargs: Any) -> Tensor:
+def _forward(model: ProtocolModel, x: Tensor, hooks: list, **kwargs: Any) -> Tensor:
     """One forward pass with temporary hooks added straight onto the HookPoints and removed after."""
     added = []
     try:
@@ -76,7 +77,7 @@ def _patch_fn(clean_resid: Tensor, positions: Sequence[int], b: int) -> Callable
 
 @torch.no_grad()
 @takes_any_model
-def patch_residual(model: Any, clean_tokens: Tensor, corrupted_tokens: Tensor,
+def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tensor,
                    metric: Metric, *, layers: Optional[Sequence[int]] = None,
                    positions: Optional[Sequence[int]] = None,
                    batch_size: Optional[int] = None) -> Float[Tensor, "n_layers pos"]:
@@ -109,6 +110,7 @@ def patch_residual(model: Any, clean_tokens: Tensor, corrupted_tokens: Tensor,
         raise TypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: residual patching "
                         "reads and writes blocks.{l}.hook_resid_pre")
     info = model_info(model)
+    model = cast(ProtocolModel, model)  # model_info checked it
     device = info.device
     clean, corrupted = clean.to(device), corrupted.to(device)
     out = torch.full((L, pos), float("nan"), dtype=torch.float64)

@@ -10,12 +10,13 @@ curve rides in one batched call of :func:`probes.gates.masked_stats`.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import pandas as pd
 import torch
 from torch import Tensor
 
+from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import gates
 from probes._validate import (
     METHODS,
@@ -35,7 +36,7 @@ from probes._validate import (
 from probes.importance import importance_scores
 
 
-def _ranking(model: Any, info: ModelInfo, data: ProbeData, method: str, means: Optional[Tensor],
+def _ranking(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str, means: Optional[Tensor],
              steps: list[int], reestimate: bool, batch_size: Optional[int]) -> Tensor:
     """Flat head indices, least important first.
 
@@ -75,7 +76,7 @@ def _random_order(seed: int, n: int) -> Tensor:
 
 
 @takes_any_model
-def prune_curve(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, order: Any = "importance",
+def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, order: Any = "importance",
                 fractions: Any = None, seeds: Any = (0, 1, 2), reestimate: bool = False, method: str = "gradient",
                 batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """Loss and accuracy as heads are pruned: ``DataFrame[order, seed, n_pruned, fraction_pruned, loss, accuracy]``.
@@ -94,6 +95,7 @@ def prune_curve(model: Any, tokens: Tensor, *, loss_mask: Optional[Tensor] = Non
     check_choice("method", method, METHODS)
     batch_size = check_batch_size(batch_size)
     info = model_info(model)
+    model = cast(ProtocolModel, model)  # model_info checked it
     data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
@@ -128,7 +130,7 @@ def _prunable(broken: Tensor) -> int:
 
 
 @takes_any_model
-def redundancy(model: Any, tokens: Tensor, *, tolerance: float = 0.01, loss_mask: Optional[Tensor] = None,
+def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss_mask: Optional[Tensor] = None,
                method: str = "gradient", seeds: Any = (0, 1, 2), reestimate: bool = False, criterion: str = "loss",
                batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.Series:
     """The headline numbers of head redundancy, as a ``pandas.Series``.
@@ -156,6 +158,7 @@ def redundancy(model: Any, tokens: Tensor, *, tolerance: float = 0.01, loss_mask
     check_bool("reestimate", reestimate)
     batch_size = check_batch_size(batch_size)
     info = model_info(model)
+    model = cast(ProtocolModel, model)  # model_info checked it
     data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H

@@ -17,12 +17,13 @@ On a sequence made of a random prefix repeated once, a perfect induction head sc
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional, cast
 
 import pandas as pd
 import torch
 from torch import Tensor
 
+from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import _patterns
 from probes._validate import check_batch_size, model_info, prepare, takes_any_model
 
@@ -47,7 +48,7 @@ def role_key_sets(tokens: Tensor, real: Tensor) -> dict[str, Tensor]:
 
 
 @takes_any_model
-def head_roles(model: Any, tokens: Tensor, *, batch_size: Optional[int] = None,
+def head_roles(model: AnyModel, tokens: Tensor, *, batch_size: Optional[int] = None,
                attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """``DataFrame[layer, head, previous_token, induction, duplicate_token, first_token]``.
 
@@ -56,6 +57,7 @@ def head_roles(model: Any, tokens: Tensor, *, batch_size: Optional[int] = None,
     """
     batch_size = check_batch_size(batch_size)
     info = model_info(model, need_pattern=True)
+    model = cast(ProtocolModel, model)  # model_info checked it
     data = prepare(info, tokens, attention_mask=attention_mask, need_loss=False)
     L, H = info.n_layers, info.n_heads
     mass = {role: torch.zeros(L, H, dtype=torch.float64, device=info.device) for role in ROLES}

@@ -13,12 +13,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional, cast
 
 import pandas as pd
 import torch
 from torch import Tensor
 
+from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import _patterns
 from probes._validate import (
     METRICS,
@@ -41,7 +42,7 @@ def _entropy(p: Tensor) -> Tensor:
     return -torch.special.xlogy(p, p).sum(-1)
 
 
-def _pattern_similarity(model: Any, info: ModelInfo, data: ProbeData, batch_size: Optional[int]) -> Tensor:
+def _pattern_similarity(model: ProtocolModel, info: ModelInfo, data: ProbeData, batch_size: Optional[int]) -> Tensor:
     N = info.n_layers * info.n_heads
     jsd_sum = torch.zeros(N, N, dtype=torch.float64, device=info.device)
     n_queries = 0.0
@@ -62,7 +63,7 @@ def _pattern_similarity(model: Any, info: ModelInfo, data: ProbeData, batch_size
     return 1 - jsd_mean
 
 
-def _output_cka(model: Any, info: ModelInfo, data: ProbeData, batch_size: Optional[int]) -> Tensor:
+def _output_cka(model: ProtocolModel, info: ModelInfo, data: ProbeData, batch_size: Optional[int]) -> Tensor:
     gram: Optional[Tensor] = None
     total: Optional[Tensor] = None
     count = 0
@@ -85,12 +86,13 @@ def _output_cka(model: Any, info: ModelInfo, data: ProbeData, batch_size: Option
 
 
 @takes_any_model
-def head_similarity(model: Any, tokens: Tensor, *, metric: str = "pattern", batch_size: Optional[int] = None,
+def head_similarity(model: AnyModel, tokens: Tensor, *, metric: str = "pattern", batch_size: Optional[int] = None,
                     attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """Square similarity matrix between every pair of heads, rows and columns labelled ``L{l}H{h}``."""
     check_choice("metric", metric, METRICS)
     batch_size = check_batch_size(batch_size)
     info = model_info(model, need_pattern=metric == "pattern")
+    model = cast(ProtocolModel, model)  # model_info checked it
     data = prepare(info, tokens, attention_mask=attention_mask, need_loss=False)
     if metric == "pattern":
         sim = _pattern_similarity(model, info, data, batch_size)

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Optional, Protocol, Union, cast
 
 import torch
+from jaxtyping import Float, Float64, Int, Shaped
 from torch import Tensor
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -68,7 +69,7 @@ class ProtocolModel(Protocol):
     hook_dict: dict[str, HookPoint]
 
     def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor] = ...,
-                 position_offset: int = ...) -> Any: ...
+                 position_offset: int = ..., **kwargs: Any) -> Any: ...  # kwargs: e.g. TL's stop_at_layer
 
     def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = ...,
                 position_offset: int = ...) -> Any: ...
@@ -80,6 +81,8 @@ class ProtocolModel(Protocol):
                        reset_hooks_end: bool = ..., clear_contexts: bool = ..., **model_kwargs: Any) -> Any: ...
 
     def parameters(self, recurse: bool = ...) -> Iterator[torch.nn.Parameter]: ...
+
+    def modules(self) -> Iterator[torch.nn.Module]: ...
 
     def eval(self) -> Any: ...
 
@@ -280,9 +283,10 @@ class _Patcher:
 
 
 @torch.no_grad()
-def run(model: ProtocolModel, tokens: Tensor, *, attention_mask: Optional[Tensor] = None,
-        position_offset: int = 0, capture: Iterable[str] = (),
-        patch: Optional[dict[str, Tensor]] = None) -> tuple[Tensor, dict[str, Tensor]]:
+def run(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
+        attention_mask: Optional[Shaped[Tensor, "batch pos"]] = None, position_offset: int = 0,
+        capture: Iterable[str] = (), patch: Optional[dict[str, Tensor]] = None
+        ) -> tuple[Float64[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
     """Logits (float64) and the activations at the ``capture`` hook points (as the model produced them).
 
     ``patch`` replaces the activation at each named hook point by the given tensor. Hooks are
@@ -314,7 +318,7 @@ def run(model: ProtocolModel, tokens: Tensor, *, attention_mask: Optional[Tensor
     return logits.detach().to("cpu", torch.float64), {k: v.to("cpu") for k, v in store.items()}
 
 
-def all_heads(x: Tensor, n_heads: int) -> Tensor:
+def all_heads(x: Float[Tensor, "batch pos h d_head"], n_heads: int) -> Float[Tensor, "batch pos n_heads d_head"]:
     """``[batch, pos, h, d_head]`` -> ``[batch, pos, n_heads, d_head]``, repeating grouped-query K/V heads.
 
     Grouped-query attention (Ainslie et al. 2023) lets query head h use K/V head

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from harness._checks import check_int, check_number
@@ -29,8 +30,8 @@ def _check(model, tokens, max_new_tokens, temperature, top_k) -> None:
     check_tokens(tokens, cfg.d_vocab)
 
 
-def sample(logits: Tensor, temperature: float, top_k: Optional[int],
-           generator: Optional[torch.Generator]) -> Tensor:
+def sample(logits: Float[Tensor, "batch d_vocab"], temperature: float, top_k: Optional[int],
+           generator: Optional[torch.Generator]) -> Int[Tensor, " batch"]:
     """Next token ids ``[batch]`` from last-position logits ``[batch, d_vocab]``."""
     if temperature == 0:
         return logits.argmax(-1)
@@ -45,7 +46,8 @@ def sample(logits: Tensor, temperature: float, top_k: Optional[int],
 def generate(model, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: Optional[int] = None, attention_mask: Optional[Tensor] = None,
              generator: Optional[torch.Generator] = None, use_cache: bool = True,
-             return_logits: bool = False):
+             return_logits: bool = False
+             ) -> Int[Tensor, "batch total"] | tuple[Int[Tensor, "batch total"], Float[Tensor, "batch new d_vocab"]]:
     """Tokens ``[batch, pos + max_new_tokens]`` (and, with ``return_logits``, the logits that
     chose each new token, ``[batch, max_new_tokens, d_vocab]``)."""
     _check(model, tokens, max_new_tokens, temperature, top_k)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from jaxtyping import Bool
 from torch import Tensor
 
 from harness._checks import check_int
@@ -33,7 +34,7 @@ def check_tokens(tokens: object, d_vocab: int) -> None:
         bad = lo if lo < 0 else hi
         raise ValueError(f"token id {bad} is out of range: expected ids in [0, {d_vocab}) (d_vocab)")
 
-def check_mask(attention_mask: object, batch: int, pos: int) -> Optional[Tensor]:
+def check_mask(attention_mask: object, batch: int, pos: int) -> Optional[Bool[Tensor, "batch pos"]]:
     """``None`` or a bool ``[batch, pos]`` mask (1 real, 0 padding), from bool or integer 0/1."""
     if attention_mask is None:
         return None

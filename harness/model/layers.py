@@ -15,6 +15,7 @@ from typing import Optional, cast
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
@@ -68,7 +69,7 @@ class Norm(nn.Module):
         self.hook_scale = HookPoint()  # [batch, pos, 1]
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if not (active(self.hook_scale) or active(self.hook_normalized)):
             if self.kind == "LN":
                 return F.layer_norm(x, (self.d,), self.w, self.b, self.eps)
@@ -162,7 +163,8 @@ class Attention(nn.Module):
         return self.o.bias
 
     # --- forward ---------------------------------------------------------------------
-    def forward(self, x: Tensor, ctx: AttnContext, cache: Optional[KVCacheEntry] = None) -> Tensor:
+    def forward(self, x: Float[Tensor, "batch pos d_model"], ctx: AttnContext, cache: Optional[KVCacheEntry] = None
+                ) -> Float[Tensor, "batch pos d_model"]:
         b, p, _ = x.shape
         H, Hkv, dh = self.n_heads, self.n_kv, self.d_head
         q, k, v = self.qkv(x).split([H * dh, Hkv * dh, Hkv * dh], dim=-1)
@@ -256,7 +258,7 @@ class MLP(nn.Module):
     def b_out(self) -> Optional[Tensor]:
         return self.w_out.bias
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if self.gated:
             gate = hook(self.hook_pre, self.w_gate(x))
             post = self.act(gate) * hook(self.hook_pre_linear, self.w_in(x))
@@ -284,7 +286,8 @@ class Block(nn.Module):
             self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x: Tensor, ctx: AttnContext, cache: Optional[KVCacheEntry] = None) -> Tensor:
+    def forward(self, x: Float[Tensor, "batch pos d_model"], ctx: AttnContext, cache: Optional[KVCacheEntry] = None
+                ) -> Float[Tensor, "batch pos d_model"]:
         x = hook(self.hook_resid_pre, x)
         if self.pre:
             x = x + hook(self.hook_attn_out, self.attn(self.ln1(x), ctx, cache))

@@ -1,5 +1,8 @@
 """Position encodings as pure functions of integer positions.
 
+Shapes use the legend of :mod:`harness.model.transformer` (a leading space, as in ``" n_heads"``,
+marks a one-dimension shape string for linters).
+
 Every function takes an integer tensor ``positions`` of any shape (usually
 ``[batch, pos]``) so left padding and KV-cache offsets need no special cases.
 """
@@ -9,10 +12,12 @@ from __future__ import annotations
 import math
 
 import torch
+from jaxtyping import Float, Int
+from torch import Tensor
 
 
-def sinusoidal_table(positions: torch.Tensor, d_model: int, base: float = 10000.0,
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def sinusoidal_table(positions: Int[Tensor, "*batch"], d_model: int, base: float = 10000.0,
+                     dtype: torch.dtype = torch.float32) -> Float[Tensor, "*batch d_model"]:
     """Vaswani et al. 2017 §3.5: PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...).
 
     Returns ``[*positions.shape, d_model]``. Computed in float64 and cast, so large
@@ -27,7 +32,7 @@ def sinusoidal_table(positions: torch.Tensor, d_model: int, base: float = 10000.
     return table.to(dtype)
 
 
-def sinusoidal_shift_matrix(k: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+def sinusoidal_shift_matrix(k: int, d_model: int, base: float = 10000.0) -> Float[Tensor, "d_model d_model"]:
     """The block-diagonal rotation R(k) with PE(pos + k) = R(k) @ PE(pos) (float64).
 
     Each (sin, cos) pair at frequency w turns by angle k*w:
@@ -45,8 +50,9 @@ def sinusoidal_shift_matrix(k: int, d_model: int, base: float = 10000.0) -> torc
     return R
 
 
-def rotary_cos_sin(positions: torch.Tensor, d_head: int, base: float = 10000.0,
-                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(positions: Int[Tensor, "*batch"], d_head: int, base: float = 10000.0,
+                   dtype: torch.dtype = torch.float32
+                   ) -> tuple[Float[Tensor, "*batch d_head"], Float[Tensor, "*batch d_head"]]:
     """cos and sin for RoPE (Su et al. 2021, RoFormer eq. 34), ``[*positions.shape, d_head]``.
 
     Frequencies theta_i = base^(-2i/d_head). We use the "rotate-half" pair layout of
@@ -62,13 +68,14 @@ def rotary_cos_sin(positions: torch.Tensor, d_head: int, base: float = 10000.0,
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: Float[Tensor, "*batch d_head"]) -> Float[Tensor, "*batch d_head"]:
     """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: Float[Tensor, "*batch d_head"], cos: Float[Tensor, "*#batch d_head"],
+                 sin: Float[Tensor, "*#batch d_head"]) -> Float[Tensor, "*batch d_head"]:
     """Rotate each pair of ``x`` ``[..., d_head]`` by its angle: R_m x = x cos + rotate_half(x) sin.
 
     Rotations preserve norms and <R_m q, R_n k> = <q, R_{n-m} k> depends only on n - m.
@@ -76,7 +83,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin
 
 
-def alibi_slopes(n_heads: int) -> torch.Tensor:
+def alibi_slopes(n_heads: int) -> Float[Tensor, " n_heads"]:
     """Per-head ALiBi slopes (Press et al. 2022 §3): the geometric sequence 2^(-8/n), 2^(-16/n), ...
 
     For n not a power of two, the paper's recipe: take the slopes for the closest
@@ -97,8 +104,9 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-def alibi_bias(q_positions: torch.Tensor, k_positions: torch.Tensor, slopes: torch.Tensor,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def alibi_bias(q_positions: Int[Tensor, "batch query_pos"], k_positions: Int[Tensor, "batch key_pos"],
+               slopes: Float[Tensor, " n_heads"], dtype: torch.dtype = torch.float32
+               ) -> Float[Tensor, "batch n_heads query_pos key_pos"]:
     """ALiBi bias -m_h * |i - j| added to the scores, ``[batch, n_heads, q, k]``.
 
     Press et al. 2022 define -m * (i - j) for j <= i (causal); the absolute distance

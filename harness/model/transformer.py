@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Optional, cast
 
 import torch
+from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -172,7 +173,8 @@ class Transformer(HookedRootModule):
     # --- forward -----------------------------------------------------------------------
     def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0, *,
                 start_at_layer: Optional[int] = None, stop_at_layer: Optional[int] = None,
-                kv_cache: Optional[KVCache] = None) -> Tensor:
+                kv_cache: Optional[KVCache] = None
+                ) -> Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch pos d_model"]:
         """Logits ``[batch, pos, d_vocab]``.
 
         TransformerLens-style partial runs: ``stop_at_layer=l`` returns the residual stream

@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 import torch
 
+from harness.adapters.protocol import ProtocolModel
+
 HALF_STYLES = ("half", "rotate_half", "neox", "llama")  # pairs (i, i + d/2), Su et al. 2021 eq. 34 re-laid
 INTERLEAVED_STYLES = ("interleaved", "gptj", "pairs")  # pairs (2i, 2i + 1), the paper's own layout
 
@@ -61,7 +63,7 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
 
 
-def model_dtype(model: Any) -> torch.dtype:
+def model_dtype(model: ProtocolModel) -> torch.dtype:
     for p in model.parameters():
         if p.dtype.is_floating_point:
             return p.dtype

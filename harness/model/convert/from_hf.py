@@ -11,13 +11,14 @@ Nothing here touches the network: the Hugging Face model is already in memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from harness.model.config import ModelConfig
+from harness.model.layers import Block, Norm
 from harness.model.transformer import Transformer
 
 SUPPORTED = ("GPT2LMHeadModel", "LlamaForCausalLM")
@@ -77,7 +78,7 @@ def _init_range(config: Any) -> dict:
     return {"init_range": float(r)} if isinstance(r, (int, float)) and r > 0 else {}
 
 
-def _check_tied(hf_model: nn.Module, cfg: ModelConfig) -> None:
+def _check_tied(hf_model: Any, cfg: ModelConfig) -> None:
     """Tied config but different matrices (or an unembed bias) would be silently wrong."""
     head = hf_model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
@@ -87,6 +88,11 @@ def _check_tied(hf_model: nn.Module, cfg: ModelConfig) -> None:
                          "token embedding: expected tied (identical) matrices")
 
 
+
+def _blocks(model: Transformer) -> Sequence[Block]:
+    # typed view of the ModuleList (iterating an nn.ModuleList yields plain Modules)
+    return cast(Sequence[Block], model.blocks)
+
 def _put(dst: Tensor, src: Tensor) -> None:
     if dst.shape != src.shape:
         raise ValueError(f"from_hf: a weight of shape {tuple(src.shape)} does not fit ours {tuple(dst.shape)}: "
@@ -94,7 +100,7 @@ def _put(dst: Tensor, src: Tensor) -> None:
     dst.copy_(src.detach().to(dtype=dst.dtype, device=dst.device))
 
 
-def _unembed(hf_model: nn.Module, model: Transformer) -> None:
+def _unembed(hf_model: Any, model: Transformer) -> None:
     if not model.config.tie_embeddings:  # tied: our unembed already shares the embedding
         _put(model.unembed.weight, hf_model.get_output_embeddings().weight)
 
@@ -117,11 +123,11 @@ def _gpt2_config(c: Any, dtype: str) -> ModelConfig:
         attn_bias=True, mlp_bias=True, eps=float(c.layer_norm_epsilon), dtype=dtype, **_init_range(c))
 
 
-def _gpt2_copy(hf: nn.Module, model: Transformer) -> None:
+def _gpt2_copy(hf: Any, model: Transformer) -> None:
     t = hf.transformer
     _put(model.embed.weight, t.wte.weight)
     _put(model.pos_embed.weight, t.wpe.weight)
-    for ours, theirs in zip(model.blocks, t.h, strict=True):
+    for ours, theirs in zip(_blocks(model), t.h, strict=True):
         # HF's Conv1D stores weights [in, out] (x @ W); nn.Linear stores [out, in].
         # c_attn's output columns are [q | k | v], each head-major: our fused qkv layout.
         pairs = [(ours.attn.qkv, theirs.attn.c_attn), (ours.attn.o, theirs.attn.c_proj),
@@ -129,7 +135,7 @@ def _gpt2_copy(hf: nn.Module, model: Transformer) -> None:
         for linear, conv in pairs:
             _put(linear.weight, conv.weight.T)
             _put(linear.bias, conv.bias)
-        for norm, ln in ((ours.ln1, theirs.ln_1), (ours.ln2, theirs.ln_2)):
+        for norm, ln in ((cast(Norm, ours.ln1), theirs.ln_1), (cast(Norm, ours.ln2), theirs.ln_2)):
             _put(norm.w, ln.weight)
             _put(norm.b, ln.bias)
     _put(model.ln_final.w, t.ln_f.weight)
@@ -159,10 +165,10 @@ def _llama_config(c: Any, dtype: str) -> ModelConfig:
         **_init_range(c))
 
 
-def _llama_copy(hf: nn.Module, model: Transformer) -> None:
+def _llama_copy(hf: Any, model: Transformer) -> None:
     m = hf.model
     _put(model.embed.weight, m.embed_tokens.weight)
-    for ours, theirs in zip(model.blocks, m.layers, strict=True):
+    for ours, theirs in zip(_blocks(model), m.layers, strict=True):
         a = theirs.self_attn
         # Our fused projection is [q | k | v] along the output dim, each head-major, as HF's
         # q_proj/k_proj/v_proj outputs are; HF Llama's rotate-half pairing is ours, so no permutation.
@@ -175,7 +181,7 @@ def _llama_copy(hf: nn.Module, model: Transformer) -> None:
         _put(ours.mlp.w_gate.weight, theirs.mlp.gate_proj.weight)
         _put(ours.mlp.w_in.weight, theirs.mlp.up_proj.weight)
         _put(ours.mlp.w_out.weight, theirs.mlp.down_proj.weight)
-        _put(ours.ln1.w, theirs.input_layernorm.weight)
-        _put(ours.ln2.w, theirs.post_attention_layernorm.weight)
+        _put(cast(Norm, ours.ln1).w, theirs.input_layernorm.weight)
+        _put(cast(Norm, ours.ln2).w, theirs.post_attention_layernorm.weight)
     _put(model.ln_final.w, m.norm.weight)
     _unembed(hf, model)

@@ -15,13 +15,15 @@ its columns of the output projection zeroed, which removes its output exactly as
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from collections.abc import Sequence
+from typing import Any, Optional, cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from harness.model.config import ModelConfig
 from harness.model.head_mask import head_mask_of
+from harness.model.layers import Block, Norm
 from harness.model.transformer import TORCH_DTYPES, Transformer
 
 TARGETS = ("gpt2", "llama")
@@ -94,7 +96,7 @@ def _check(cfg: ModelConfig, target: str) -> None:
         if cfg.n_kv_heads != cfg.n_heads:
             raise _refuse("n_key_value_heads", cfg.n_key_value_heads, name,
                           f"None or n_heads={cfg.n_heads} (GPT-2 has no grouped-query attention)")
-        if cfg.d_head * cfg.n_heads != cfg.d_model:
+        if cast(int, cfg.d_head) * cfg.n_heads != cfg.d_model:  # d_head/d_mlp: resolved by ModelConfig
             raise _refuse("d_head", cfg.d_head, name, f"d_model / n_heads = {cfg.d_model / cfg.n_heads:g} "
                           "(GPT-2 derives the head width from n_embd and n_head)")
 
@@ -102,19 +104,25 @@ def _check(cfg: ModelConfig, target: str) -> None:
 def _hf_config(cfg: ModelConfig, target: str) -> Any:
     from transformers import GPT2Config, LlamaConfig
 
-    common = dict(vocab_size=cfg.d_vocab, tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_range,
-                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    common: dict[str, Any] = dict(vocab_size=cfg.d_vocab, tie_word_embeddings=cfg.tie_embeddings,
+                                  initializer_range=cfg.init_range, bos_token_id=None, eos_token_id=None,
+                                  pad_token_id=None)
     if target == "gpt2":
         return GPT2Config(n_layer=cfg.n_layers, n_embd=cfg.d_model, n_head=cfg.n_heads, n_inner=cfg.d_mlp,
                           n_positions=cfg.n_ctx, activation_function=_ACT_NAMES[cfg.act_fn],
                           layer_norm_epsilon=cfg.eps, scale_attn_weights=cfg.use_attn_scale,
                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
     return LlamaConfig(num_hidden_layers=cfg.n_layers, hidden_size=cfg.d_model, num_attention_heads=cfg.n_heads,
-                       num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.d_head, intermediate_size=cfg.d_mlp,
+                       num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.d_head, intermediate_size=cast(int, cfg.d_mlp),
                        max_position_embeddings=cfg.n_ctx, hidden_act=_ACT_NAMES[cfg.act_fn],
                        rms_norm_eps=cfg.eps, attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_bias,
                        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rotary_base)}, **common)
 
+
+
+def _blocks(model: Transformer) -> Sequence[Block]:
+    # typed view of the ModuleList (iterating an nn.ModuleList yields plain Modules)
+    return cast(Sequence[Block], model.blocks)
 
 def _put(dst: Tensor, src: Optional[Tensor]) -> None:
     """Copy ``src`` into ``dst``; None (a bias ours does not have) writes zeros, the same function."""
@@ -128,21 +136,21 @@ def _put(dst: Tensor, src: Optional[Tensor]) -> None:
 
 def _o_weight(model: Transformer, layer: int) -> Tensor:
     """Our output projection ``[d_model, n_heads * d_head]``, the columns of masked heads zeroed."""
-    w = model.blocks[layer].attn.o.weight.detach().clone()
+    w = _blocks(model)[layer].attn.o.weight.detach().clone()
     mask = head_mask_of(model)
     if mask is not None:
-        dh = model.config.d_head
+        dh = cast(int, model.config.d_head)
         for h, keep in enumerate(mask[layer]):
             if not keep:
                 w[:, h * dh:(h + 1) * dh] = 0
     return w
 
 
-def _gpt2_copy(model: Transformer, hf: nn.Module) -> None:
+def _gpt2_copy(model: Transformer, hf: Any) -> None:
     t = hf.transformer
     _put(t.wte.weight, model.embed.weight)
     _put(t.wpe.weight, model.pos_embed.weight)
-    for i, (ours, theirs) in enumerate(zip(model.blocks, t.h, strict=True)):
+    for i, (ours, theirs) in enumerate(zip(_blocks(model), t.h, strict=True)):
         # HF's Conv1D stores [in, out] (x @ W); nn.Linear stores [out, in]: transpose both ways.
         _put(theirs.attn.c_attn.weight, ours.attn.qkv.weight.T)
         _put(theirs.attn.c_attn.bias, ours.attn.qkv.bias)
@@ -152,7 +160,7 @@ def _gpt2_copy(model: Transformer, hf: nn.Module) -> None:
         _put(theirs.mlp.c_fc.bias, ours.mlp.w_in.bias)
         _put(theirs.mlp.c_proj.weight, ours.mlp.w_out.weight.T)
         _put(theirs.mlp.c_proj.bias, ours.mlp.w_out.bias)
-        for norm, ln in ((ours.ln1, theirs.ln_1), (ours.ln2, theirs.ln_2)):
+        for norm, ln in ((cast(Norm, ours.ln1), theirs.ln_1), (cast(Norm, ours.ln2), theirs.ln_2)):
             _put(ln.weight, norm.w)
             _put(ln.bias, norm.b)
     _put(t.ln_f.weight, model.ln_final.w)
@@ -161,11 +169,12 @@ def _gpt2_copy(model: Transformer, hf: nn.Module) -> None:
         _put(hf.lm_head.weight, model.unembed.weight)
 
 
-def _llama_copy(model: Transformer, hf: nn.Module) -> None:
+def _llama_copy(model: Transformer, hf: Any) -> None:
     m, cfg = hf.model, model.config
     _put(m.embed_tokens.weight, model.embed.weight)
-    q_rows, kv_rows = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
-    for i, (ours, theirs) in enumerate(zip(model.blocks, m.layers, strict=True)):
+    dh = cast(int, cfg.d_head)  # resolved by ModelConfig
+    q_rows, kv_rows = cfg.n_heads * dh, cfg.n_kv_heads * dh
+    for i, (ours, theirs) in enumerate(zip(_blocks(model), m.layers, strict=True)):
         a = theirs.self_attn
         # our fused projection is [q | k | v] along the output dim, head-major, as HF's q/k/v_proj are
         q, k, v = ours.attn.qkv.weight.split([q_rows, kv_rows, kv_rows])
@@ -184,8 +193,8 @@ def _llama_copy(model: Transformer, hf: nn.Module) -> None:
             _put(theirs.mlp.gate_proj.bias, None)  # ours has no gate bias: zero is the same function
             _put(theirs.mlp.up_proj.bias, ours.mlp.w_in.bias)
             _put(theirs.mlp.down_proj.bias, ours.mlp.w_out.bias)
-        _put(theirs.input_layernorm.weight, ours.ln1.w)
-        _put(theirs.post_attention_layernorm.weight, ours.ln2.w)
+        _put(theirs.input_layernorm.weight, cast(Norm, ours.ln1).w)
+        _put(theirs.post_attention_layernorm.weight, cast(Norm, ours.ln2).w)
     _put(m.norm.weight, model.ln_final.w)
     if not cfg.tie_embeddings:
         _put(hf.lm_head.weight, model.unembed.weight)
