@@ -367,3 +367,42 @@ def attention_patterns(patterns: pd.DataFrame, tokens: list[int] | None = None) 
         for ax in axes[n:]:
             ax.set_axis_off()
     return fig
+
+
+def estimators(df: pd.DataFrame) -> Figure:
+    """Importance estimators against exact leave-one-out (``probes.compare_estimators``).
+
+    Left: rank correlation (Spearman, Kendall tau-b) with the exact loss change; middle: fraction
+    of heads each order prunes within each loss budget; right: cost in whole-data passes (forward +
+    backward), log scale, each bar labelled with its seconds.
+    """
+    _require(df, ("method", "spearman", "kendall", "budget", "prunable_fraction", "seconds", "forward_passes",
+                  "backward_passes"), "estimators")
+    methods = list(dict.fromkeys(df["method"]))
+    one = df.drop_duplicates("method").set_index("method").loc[methods]
+    corr = one[["spearman", "kendall"]].reset_index().melt(id_vars="method", var_name="rank correlation",
+                                                           value_name="value")
+    with _style():
+        fig = _figure(13, 3.6)
+        ax_corr, ax_prune, ax_cost = fig.subplots(1, 3)
+        sns.barplot(corr, x="method", y="value", hue="rank correlation", order=methods, ax=ax_corr,
+                    palette=["#0072B2", "#56B4E9"])
+        ax_corr.set(ylim=(-1, 1.05), xlabel="", ylabel="correlation with exact", title="Rank agreement")
+        ax_corr.axhline(0, color="#444444", lw=0.8)
+        ax_corr.legend(frameon=False, fontsize="small")
+        budgets = df.assign(budget=[f"{b:.0%}" if b >= 0.01 else f"{b:.1%}" for b in df["budget"]])
+        sns.barplot(budgets, x="method", y="prunable_fraction", hue="budget", order=methods, ax=ax_prune,
+                    palette="crest")
+        # headroom above 1 for the legend: bars often reach 1 (every head prunable within the budget)
+        ax_prune.set(ylim=(0, 1.3), yticks=[0, 0.25, 0.5, 0.75, 1], xlabel="", ylabel="fraction of heads prunable",
+                     title="Prunable within budget")
+        ax_prune.legend(title="loss budget", frameon=False, fontsize="small", loc="upper center", ncol=3)
+        passes = one["forward_passes"] + one["backward_passes"]
+        ax_cost.bar(methods, passes.clip(lower=1e-3).to_numpy(), color="#999999")
+        for x, (p, s) in enumerate(zip(passes, one["seconds"], strict=True)):
+            ax_cost.annotate(f"{s:.2g} s", (x, max(p, 1e-3)), ha="center", va="bottom", fontsize="small")
+        ax_cost.set_yscale("log")
+        ax_cost.set(ylabel="passes over the data (fwd + bwd)", title="Cost")
+        for ax in (ax_corr, ax_prune, ax_cost):
+            ax.tick_params(axis="x", labelrotation=30)
+    return fig

@@ -144,6 +144,7 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         ("attention_entropy", lambda: probes.attention_entropy(model, tokens)),
         ("patterns", lambda: top_patterns(model, tokens, out["importance_ablation"],
                                           min(top_k, model_cfg.n_layers * model_cfg.n_heads))),
+        ("estimators", lambda: probes.compare_estimators(model, tokens, loss_mask=loss_mask, seed=seeds[0])),
     ]
     layout = RunDir(path)
     layout.probes.mkdir(exist_ok=True)

@@ -138,6 +138,11 @@ def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]
         specs.append(("patterns", "Attention patterns of the most important heads", "One validation example; "
                       "rows are queries, columns keys.",
                       lambda: plots.attention_patterns(data.patterns, data.example_tokens)))
+    if data.estimators is not None:
+        specs.append(("estimators", "Importance estimators against the exact answer", "Each estimator's head "
+                      "ranking against exact leave-one-out ablation (rank correlation), the heads its order prunes "
+                      "within each loss budget, and its cost in passes over the data (labels: seconds). Exact "
+                      "ablation agrees with itself by construction.", lambda: plots.estimators(data.estimators)))
     if data.heal is not None:
         specs.append(("heal", "Prune, then heal", "Loss and accuracy on the probe batch with heads pruned (solid: "
                       "least important first by gradient importance; dashed: random orders), before healing, "
@@ -254,6 +259,28 @@ def estimator_rows(df: Any) -> list[dict] | None:
     return rows
 
 
+def estimator_rows(df: Any) -> list[dict] | None:
+    """The estimator table: one row per method, its prunable fraction per budget as ``budgets``."""
+    if df is None:
+        return None
+    rows = []
+    for method, group in df.groupby("method", sort=False):
+        first = group.iloc[0]
+        rows.append({"method": method, "spearman": float(first["spearman"]), "kendall": float(first["kendall"]),
+                     "budgets": [(pct(b), pct(f)) for b, f in zip(group["budget"], group["prunable_fraction"],
+                                                                  strict=True)],
+                     "seconds": float(first["seconds"]),
+                     "passes": float(first["forward_passes"] + first["backward_passes"])})
+    return rows
+
+
+def card_rows(card: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The model card of a model from outside attnlab: where it came from, its adapter, then its design facts."""
+    design = card.get("design") if isinstance(card.get("design"), dict) else {}
+    top = [(k, v) for k, v in card.items() if k != "design" and v is not None]
+    return top + [(k, v) for k, v in sorted(design.items()) if k not in card]
+
+
 def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
     """Everything the templates show (values raw; the templates escape and format)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -292,9 +319,11 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
         "top_heads": _top_heads(data),
         "has_probes": data.has_probes,
         "heal_rows": heal_rows(data.heal),
+        "estimator_rows": estimator_rows(data.estimators),
         "figures": {f.key: f for f in figures},
         "sections": [("headline", "Headline"), ("model", "Model card"), ("training", "Training"),
                      ("properties", "Properties"), ("saturation", "Softmax saturation"), ("heads", "Heads"),
+                     *([("estimators", "Estimators")] if data.estimators is not None else []),
                      *([("heal", "Prune, then heal")] if data.heal is not None else [])],
     }
 

@@ -20,6 +20,7 @@ import pandas as pd
 
 from harness.run_dir import RunDir, read_json
 from harness.train.metrics import CURVES
+from probes.compare import ESTIMATOR_COLUMNS
 from probes.importance import METHODS
 from probes.roles import ROLES
 from properties.saturation import COLUMNS as SATURATION_COLUMNS
@@ -40,6 +41,7 @@ PROBE_FILES = {
     "patterns": "patterns.csv",
     "example": "example_tokens.csv",
     "heal": "heal.csv",  # written by the heal stage (reports.heal)
+    "estimators": "estimators.csv",  # probes.compare_estimators
 }
 TOLERANCE = 0.01  # the prune budget of the headline: loss may rise by at most 1% (relative)
 ACCURACY_DROP = 0.01  # the second reading of the prune curve: accuracy may fall by at most 1 point
@@ -57,6 +59,7 @@ COLUMNS = {
     "patterns": ("layer", "head", "rank", "query", "key", "weight"),
     "example": ("position", "token"),
     "heal": ("order", "seed", "n_pruned", "fraction_pruned", "stage", "loss", "accuracy"),
+    "estimators": ESTIMATOR_COLUMNS,
 }
 
 
@@ -127,6 +130,7 @@ class RunData:
     patterns: Optional[pd.DataFrame] = None
     example_tokens: Optional[list[int]] = None
     heal: Optional[pd.DataFrame] = None
+    estimators: Optional[pd.DataFrame] = None
 
     @property
     def has_probes(self) -> bool:
@@ -160,7 +164,7 @@ def load(run_dir: Any) -> RunData:
         df = _optional_csv(layout.probe_file(PROBE_FILES[f"importance_{method}"]), COLUMNS["importance"])
         if df is not None:
             data.importance[method] = df
-    for key in ("prune_curve", "head_roles", "attention_entropy", "patterns", "heal"):
+    for key in ("prune_curve", "head_roles", "attention_entropy", "patterns", "heal", "estimators"):
         setattr(data, key, _optional_csv(layout.probe_file(PROBE_FILES[key]), COLUMNS[key]))
     data.similarity = _optional_csv(layout.probe_file(PROBE_FILES["similarity"]), (), index_col=0)
     if data.similarity is not None and list(data.similarity.index) != list(data.similarity.columns):
