@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tests.field_bugs import bridge_user, models, patches
+from tests.field_bugs import bridge_user, models, nnsight_user, patches
 from tests.field_bugs import witness as w
 
 PRESS_4 = [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]  # Press et al. 2022 §3: 2^(-8h/4), h = 1..4
@@ -193,6 +193,16 @@ BUGS: list[FieldBug] = [
          models.gpt2, _p(bridge_user.mask_blind_positions),
          lambda: bridge_user.left_pad_moves_logits(models.gpt2, _p(bridge_user.mask_blind_positions)),
          ["padding_outputs"], wrap="bridge_user"),
+    _bug("nnsight672_left_pad_positions",
+         [("ndif-team/nnsight#672", GH + "ndif-team/nnsight/issues/672"),
+          ("fix: ndif-team/nnsight#673", GH + "ndif-team/nnsight/pull/673")],
+         "A batched LanguageModel.trace left-padded the prompts but passed no position_ids, so on GPT-2 every "
+         "prompt shorter than the longest read shifted learned positions; one pad already flipped most top-1s.",
+         "nnsight.modeling.processing.supply_position_ids does nothing (the fix reverted); the model is a "
+         "user's batched trace with one invoke per prompt.",
+         models.gpt2, _p(nnsight_user.no_left_pad_positions),
+         lambda: nnsight_user.short_prompt_moves(models.gpt2, _p(nnsight_user.no_left_pad_positions)),
+         ["padding_outputs"], wrap="nnsight_user"),
     _bug("hf48745_decoder_attends_to_future",
          [("huggingface/transformers#48745", GH + "huggingface/transformers/issues/48745")],
          "Since transformers 5.9, RoFormer, BigBird, RemBert and MegatronBert used as causal LMs "

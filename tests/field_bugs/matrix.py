@@ -28,7 +28,11 @@ def protocol_model(bug: FieldBug):
         from tests.field_bugs.bridge_user import bridge_function_model
 
         return bridge_function_model(hf)
-    raise ValueError(f"wrap={bug.wrap!r} is not one of 'hf', 'bridge_user'")
+    if bug.wrap == "nnsight_user":
+        from tests.field_bugs.nnsight_user import nnsight_function_model
+
+        return nnsight_function_model(hf)
+    raise ValueError(f"wrap={bug.wrap!r} is not one of 'hf', 'bridge_user', 'nnsight_user'")
 
 
 def run(bug: FieldBug, *, patched: bool = True, properties: Optional[list[str]] = None, seed: int = 0,
