@@ -1,8 +1,11 @@
 """nox sessions. They run in the current environment (install with `pip install -e '.[test]'`
 after the CPU torch wheel), so a session costs test time, not install time.
 
-    nox                 lint, tests, properties, bench (short), browser  -- what CI runs
-    nox -s tests        unit, reference-equivalence, mutation and CLI tests
+    nox                 lint, typecheck, tests, slow, properties, bench (short), browser  -- what CI runs
+    nox -s tests        the fast tier (under 2 minutes on 2 cores): unit, reference-equivalence, mutation,
+                        CLI, resource and untrusted-file tests, and the fuzz at the ci profile's budget
+    nox -s slow         the slow tier (tests marked slow): DDP, SIGINT/SIGKILL trials, learning runs,
+                        then the full fuzz (the fuzz modules at the thorough profile)
     nox -s properties   hypothesis property tests over many generated configurations
     nox -s bench        side-by-side benchmarks, short mode (ATTNLAB_BENCH=full for the full table)
     nox -s lint         ruff and the import-layer contracts (lint-imports)
@@ -19,14 +22,26 @@ import nox
 PY = sys.executable  # the interpreter nox runs under: the project venv, activated or not
 
 nox.options.default_venv_backend = "none"
-nox.options.sessions = ["lint", "typecheck", "tests", "properties", "bench", "browser"]
+nox.options.sessions = ["lint", "typecheck", "tests", "slow", "properties", "bench", "browser"]
+# The fuzz modules: the fast tier runs them at the ci profile, the slow tier again at the thorough one.
+FUZZ = ["tests/test_fuzz_api.py", "tests/test_fuzz_cli.py", "tests/test_fuzz_model.py", "tests/test_untrusted_files.py"]
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties", "-q",
+    session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties and not slow", "-q",
                 "--ignore=tests/test_browser.py", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    session.run(PY, "-m", "pytest", "tests", "-m", "slow and not bench and not properties", "-q",
+                "--ignore=tests/test_browser.py", *session.posargs,
+                env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
+    # the full fuzz: 500 examples per search where the fast tier's ci profile runs 25
+    session.run(PY, "-m", "pytest", *FUZZ, "-m", "not slow", "-q", *session.posargs,
+                env={"HYPOTHESIS_PROFILE": "thorough"})
 
 
 @nox.session

@@ -163,6 +163,7 @@ def test_report_writes_html_markdown_and_figures(run):
     assert (run.run_dir / "report.md").stat().st_size > 2_000
 
 
+@pytest.mark.slow  # a second whole pipeline (train -> report) beside the shared tiny run
 def test_demo_prints_stage_times_and_headline(tmp_path):
     out_dir = tmp_path / "demo"
     result = invoke(["demo", "--out", str(out_dir), *TINY, "--steps", "10", "--check-examples", "1",
