@@ -14,6 +14,10 @@ mechanism, :mod:`probes.gates`: many head masks per forward pass, prefix residua
 ``tokens`` is an integer tensor ``[n, pos]``; ``loss_mask[i, t] = 1`` makes token t a target
 (predicted from position t-1); ``attention_mask`` (1 real, 0 padding) is passed to the model.
 Results are pandas DataFrames / Series.
+
+Under ``torchrun`` (a torch.distributed process group: gloo on CPU, nccl on GPU) the mask-evaluating
+probes split their passes across the ranks and every rank returns the one-process result, bit for
+bit (:mod:`probes._shard`); gradient importance, one forward and backward, runs whole on each rank.
 """
 
 from probes.compare import ESTIMATOR_COLUMNS, compare_estimators
