@@ -42,7 +42,6 @@ _REQUIRED: dict[str, list[tuple[str, tuple, str]]] = {
         ("attention_dir", ("causal",), "'causal' (GPT2LMHeadModel is a decoder)"),
         ("attn_only", (False,), "False (every GPT-2 block has an MLP)"),
         ("gated_mlp", (False,), "False (GPT-2's MLP is not gated)"),
-        ("use_attn_result", (False, True), ""),
     ],
     "llama": [
         ("normalization_type", ("RMS",), "'RMS' (Llama uses RMSNorm)"),
@@ -52,12 +51,11 @@ _REQUIRED: dict[str, list[tuple[str, tuple, str]]] = {
         ("attn_only", (False,), "False (every Llama block has an MLP)"),
         ("gated_mlp", (True,), "True (Llama's MLP is SwiGLU-style gated)"),
         ("use_attn_scale", (True,), "True (Llama always scales scores by 1/sqrt(head_dim))"),
-        ("use_attn_result", (False, True), ""),
     ],
 }
 _MAPPED = {"n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "rotary_base",
            "use_attn_scale", "tie_embeddings", "n_key_value_heads", "attn_bias", "mlp_bias", "eps", "init_range",
-           "seed", "dtype"}
+           "seed", "dtype", "use_attn_result"}  # use_attn_result only adds a hook; seed only drew the init
 
 
 def _refuse(name: str, value: Any, target: str, expected: str) -> ValueError:
