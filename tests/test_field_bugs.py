@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from properties import PROPERTIES
-from tests.field_bugs.catalogue import BUGS
+from tests.field_bugs.catalogue import BUGS, KNOWN_FALSE_ALARMS
 from tests.field_bugs.matrix import run
 
 MAX_EXAMPLES = 10  # the shrunk counterexamples are a few tokens; each bug is found within the first examples
@@ -28,7 +28,7 @@ def _tiered(bugs):
 def test_catalogue():
     names = [b.name for b in BUGS]
     assert len(names) >= 12 and len(set(names)) == len(names)
-    assert SAMPLE <= set(names)
+    assert SAMPLE <= set(names) and set(KNOWN_FALSE_ALARMS) <= set(names)
     for bug in BUGS:
         assert bug.links and all(url.startswith("https://github.com/") for _, url in bug.links), bug.name
         assert bug.must_flag and set(bug.must_flag) <= set(PROPERTIES), bug.name
@@ -57,8 +57,14 @@ def test_unpatched_model_passes_the_named_properties(bug):
     assert (frame.status == "pass").all(), frame[["property", "status", "worst", "counterexample"]].to_dict("records")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("bug", BUGS, ids=lambda b: b.name)
+# strict: once the cause of a known false alarm is fixed the test turns red and the entry must go
+def _alarm_tiered(bugs):
+    return [pytest.param(b, id=b.name, marks=[pytest.mark.slow] + (
+        [pytest.mark.xfail(strict=True, reason=KNOWN_FALSE_ALARMS[b.name])] if b.name in KNOWN_FALSE_ALARMS else []))
+        for b in bugs]
+
+
+@pytest.mark.parametrize("bug", _alarm_tiered(BUGS))
 def test_unpatched_model_raises_no_alarm(bug):
     frame = run(bug, patched=False, max_examples=MAX_EXAMPLES)
     failed = frame[frame.status == "fail"]

@@ -14,7 +14,7 @@ import pandas as pd
 
 from harness.adapters import wrap
 from properties import PROPERTIES, check_model
-from tests.field_bugs.catalogue import FieldBug
+from tests.field_bugs.catalogue import KNOWN_FALSE_ALARMS, FieldBug
 
 CELLS = {"fail": "caught", "pass": "-", "n/a": "n/a", "unobservable": "unobs."}
 
@@ -99,7 +99,8 @@ def docs(matrix: pd.DataFrame, frames: dict, bugs: list[FieldBug], command: str)
     if not alarms:
         lines.append("None.")
     for name, r in alarms:
-        lines.append(f"- {name} unpatched, `{r.property}`: {_cell(r.counterexample)} ({_cell(r.reason)})")
+        cause = KNOWN_FALSE_ALARMS.get(name, "not yet traced")
+        lines.append(f"- {name} unpatched, `{r.property}`: {_cell(r.counterexample)}. Cause: {cause}.")
     return "\n".join(lines) + "\n"
 
 
