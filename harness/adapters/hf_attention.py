@@ -194,7 +194,7 @@ def install_rotary_tap(attn: nn.Module) -> bool:
     fn = getattr(module, "apply_rotary_pos_emb", None)
     if isinstance(fn, RotaryTap):
         return True
-    if not callable(fn):
+    if module is None or not callable(fn):
         return False
     try:
         names = list(inspect.signature(fn).parameters)[:2]

@@ -69,7 +69,7 @@ class Attnlab:
 
     name = "attnlab"
 
-    def __init__(self, hf: nn.Module):
+    def __init__(self, hf: Any):  # a Hugging Face GPT-2 (its config and module tree are untyped)
         from harness.model.convert import from_hf
 
         self.model = from_hf(hf).eval()
@@ -97,7 +97,7 @@ class Bridge:
 
     name = "bridge"
 
-    def __init__(self, hf: nn.Module):
+    def __init__(self, hf: Any):  # a Hugging Face GPT-2 (its config and module tree are untyped)
         from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
         self.model = build_bridge_from_module(hf, "GPT2LMHeadModel", hf_config=hf.config)
@@ -140,7 +140,7 @@ class Nnsight:
 
     name = "nnsight"
 
-    def __init__(self, hf: nn.Module):
+    def __init__(self, hf: Any):  # a Hugging Face GPT-2 (its config and module tree are untyped)
         from nnsight import NNsight
 
         self.model = NNsight(hf)
@@ -196,7 +196,7 @@ def corrupt(tokens: Tensor, d_vocab: int) -> Tensor:
 def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = TASKS) -> list[Row]:
     """One row per (task, peer): the peer's time / attnlab's time, goal >= 1.5 (issue 12)."""
     hf_nn, hf_bridge, hf_ours = gpt2_models(shape)
-    contenders = [Attnlab(hf_ours), Bridge(hf_bridge), Nnsight(hf_nn)]
+    contenders: list[Any] = [Attnlab(hf_ours), Bridge(hf_bridge), Nnsight(hf_nn)]
     tokens = shape.tokens(torch.device("cpu"))
     corrupted = corrupt(tokens, shape.d_vocab)
     calls: dict[str, Callable[[Any], Callable[[], Tensor]]] = {
