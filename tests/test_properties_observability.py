@@ -141,3 +141,25 @@ def test_kv_cache_falls_back_to_generate():
     bad = properties.kv_cache(generate_only, max_examples=FAST)
     assert bad.status == "fail" and bad.reason == "decoded through generate (greedy)"
     assert "new tokens=" in bad.counterexample
+
+
+def test_an_input_the_adapter_cannot_express_is_unobservable_but_a_model_error_fails():
+    from harness.adapters.protocol import UnsupportedInput
+
+    class NoOffsetAdapter(RefModel):  # an adapter whose wrapped model takes no position ids
+        def forward(self, tokens, attention_mask=None, position_offset=0, cache=None):
+            if position_offset:
+                raise UnsupportedInput(f"position_offset={position_offset}: this architecture takes no position ids")
+            return super().forward(tokens, attention_mask, position_offset, cache)
+
+    class NoOffsetModel(RefModel):  # the same refusal from the model's own code is the model's failure
+        def forward(self, tokens, attention_mask=None, position_offset=0, cache=None):
+            if position_offset:
+                raise ValueError("position_offset is not supported")
+            return super().forward(tokens, attention_mask, position_offset, cache)
+
+    cfg = RefConfig(n_layers=1, positional_embedding_type="rotary")
+    r = properties.relative_position(NoOffsetAdapter(cfg), max_examples=FAST)
+    assert r.status == "unobservable" and "the adapter cannot run this input: position_offset=1" in r.reason
+    r = properties.relative_position(NoOffsetModel(cfg), max_examples=FAST)
+    assert r.status == "fail" and "raised ValueError: position_offset is not supported" in r.counterexample

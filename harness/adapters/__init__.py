@@ -5,6 +5,20 @@ is the one checker both call, and :class:`BridgeAdapter` wraps a TransformerLens
 """
 
 from harness.adapters.bridge import BridgeAdapter, ProtocolConfig
-from harness.adapters.protocol import check_protocol, required_hooks
+from harness.adapters.entry import wrap
+from harness.adapters.function import FunctionModel
+from harness.adapters.hf import HFAdapter
+from harness.adapters.hf_design import HFDesign
+from harness.adapters.protocol import (
+    AnyModel,
+    ModelCfg,
+    ProtocolModel,
+    UnsupportedInput,
+    check_protocol,
+    observed_hooks,
+    required_hooks,
+)
 
-__all__ = ["BridgeAdapter", "ProtocolConfig", "check_protocol", "required_hooks"]
+__all__ = ["AnyModel", "BridgeAdapter", "FunctionModel", "HFAdapter", "HFDesign", "ModelCfg", "ProtocolConfig",
+           "ProtocolModel", "UnsupportedInput",
+           "check_protocol", "observed_hooks", "required_hooks", "wrap"]

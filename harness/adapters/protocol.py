@@ -158,7 +158,9 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
     adapt to a forward without ``attention_mask`` or ``position_offset``.
     """
     if not isinstance(model, HookedRootModule):
-        hint = " (wrap a TransformerBridge with properties.BridgeAdapter)" if hasattr(model, "original_model") else ""
+        hint = " (wrap a TransformerBridge with properties.BridgeAdapter)" if hasattr(model, "original_model") else \
+            " (a plain module or function: properties.check_model(model, cfg=...) checks its outputs)" \
+            if callable(model) else ""
         raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
                         f"it is not a transformer_lens.HookedRootModule{hint}")
     missing = _cfg_problems(model)
@@ -226,7 +228,8 @@ def model_device(model: AnyModel) -> torch.device:
 
 
 class HookNotObserved(Exception):
-    """A hook a check needs did not fire (or the harness's own hook code failed on it).
+    """A hook a check needs did not fire, the harness's own hook code failed on it, or the adapter
+    cannot run the input (:class:`UnsupportedInput`).
 
     The property suite turns it into an *unobservable* result, never a failed one: it says the
     harness could not look, not that the model is wrong. ``reason`` names the hook.
@@ -235,6 +238,15 @@ class HookNotObserved(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class UnsupportedInput(ValueError):
+    """Raised by an adapter for a valid protocol input it cannot pass to the model it wraps.
+
+    E.g. a ``position_offset`` for an architecture whose forward takes no position ids. The
+    property suite reports the property as unobservable (the harness could not look), not as a
+    failure of the model. A model's own code raises ordinary exceptions, which do fail.
+    """
 
 
 class ModelError(Exception):
@@ -251,6 +263,8 @@ def call_model(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except (HookNotObserved, ModelError):
         raise
+    except UnsupportedInput as exc:
+        raise HookNotObserved(f"the adapter cannot run this input: {exc}") from exc
     except Exception as exc:
         raise ModelError(exc) from exc
 
@@ -330,3 +344,37 @@ def all_heads(x: Float[Tensor, "batch pos h d_head"], n_heads: int) -> Float[Ten
     if n_heads % h:
         raise TypeError(f"hook tensor has {h} heads, which does not divide cfg.n_heads={n_heads}")
     return x.repeat_interleave(n_heads // h, dim=2)
+
+
+# --- optional: decoding through the model's own KV cache -------------------------------------------
+CACHED_DECODING = "forward_with_cache"
+
+
+class CachedDecoding(Protocol):
+    """The optional cached-decoding method the ``kv_cache`` property decodes through (duck-typed).
+
+    ``forward_with_cache(tokens, attention_mask=None, past=None) -> (logits, past)``:
+
+    - ``tokens [batch, new]``: the next tokens of every row (``new >= 1``; a prompt, or one or more
+      decoded tokens);
+    - ``attention_mask [batch, new]``: 1 for a real token, 0 for padding, covering the *new* tokens
+      only (None = all real); the model remembers the mask of everything in ``past``. Prompts are
+      left-padded; later steps are all real;
+    - ``past``: None to start a sequence, else exactly what the previous call returned (opaque to
+      the caller: the model's own cache, e.g. a Hugging Face ``DynamicCache`` plus the mask so far;
+      it may be updated in place, and a caller never reuses an older one);
+    - returns the logits ``[batch, new, d_vocab]`` of the new tokens and the cache to pass next.
+
+    Positions follow the protocol's rule at ``position_offset=0``: a token's position is the number
+    of real tokens before it, counted over ``past`` and the new tokens. The result must equal one
+    ``forward`` over the whole sequence so far with the concatenated mask. ``harness.Transformer``
+    implements it with its ``kv_cache``; an HF adapter implements it with ``past_key_values``.
+    """
+
+    def forward_with_cache(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,
+                           past: Any = None) -> tuple[Tensor, Any]: ...
+
+
+def has_cached_decoding(model: Any) -> bool:
+    """Whether ``model`` exposes :class:`CachedDecoding`'s method."""
+    return callable(getattr(model, CACHED_DECODING, None))
