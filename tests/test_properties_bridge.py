@@ -51,8 +51,10 @@ def test_hf_models_pass_every_applicable_property(name):
     assert failed.empty, failed.to_dict("index")
     applicable = set(frame.index[frame.applicable])
     common = {"causal_outputs", "causal_pattern", "pattern_distribution", "padding_outputs", "padding_pattern",
-              "batch_independence", "attention_scale"}
-    assert applicable == (common if name == "gpt2" else common | {"relative_position", "rotary_norm"})
+              "batch_independence", "attention_scale", "kernel_consistency", "finite_outputs"}
+    rotary = {"relative_position", "rotary_norm", "rotary_precision"}
+    assert applicable == (common if name == "gpt2" else common | rotary)
+    assert set(frame.status[frame.applicable]) == {"pass"}  # every hook the checks need fires in the bridge
     assert not frame.loc["kv_cache", "applicable"]  # the adapter exposes no cache interface
 
 
