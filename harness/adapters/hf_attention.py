@@ -202,5 +202,5 @@ def install_rotary_tap(attn: nn.Module) -> bool:
         return False
     if names != ["q", "k"]:
         return False
-    module.apply_rotary_pos_emb = RotaryTap(fn)
+    module.__dict__["apply_rotary_pos_emb"] = RotaryTap(fn)  # the modeling module's global, as setattr would
     return True

@@ -20,7 +20,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from typing import Any, Optional
+from collections.abc import Callable
+from typing import Any, Optional, cast
 
 from torch import nn
 
@@ -109,7 +110,8 @@ def register_kernel(base: str) -> str:
         AttentionInterface.register(name, observed_attention)
     masks = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
     if name not in masks and base in masks:
-        ALL_MASK_ATTENTION_FUNCTIONS.register(name, masks[base])
+        # cast: transformers' registry infers its values as builtins.function, which is not a Callable to mypy
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, cast(Callable[..., Any], masks[base]))
     return name
 
 
