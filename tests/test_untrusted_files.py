@@ -276,6 +276,8 @@ def _config_cases():
     for part, field in FIELDS:
         yield f"missing {part}.{field}", lambda c, p=part, f=field: c[p].pop(f), field
         for bad in MISTYPED:
+            if field == "distill_from" and isinstance(bad, str):
+                bad = ""  # any other string is a valid path (a missing teacher is refused when training starts)
             # an unknown task option is named by its key, under its task
             named = "task" if field == "task_options" and isinstance(bad, dict) else field
             yield f"{part}.{field}={bad!r}", lambda c, p=part, f=field, b=bad: c[p].__setitem__(f, b), named
