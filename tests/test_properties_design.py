@@ -181,3 +181,18 @@ def test_partial_rotary_passes_with_its_declared_layout_and_fails_with_another()
     wrong = row(model(PartialRotary, positional_embedding_type="rotary", rotary_dim=4, rotary_style="interleaved"),
                 "rotary_norm")
     assert wrong.status == "fail" and "position_offsets=" in wrong.counterexample
+
+
+def test_a_transformer_lens_config_declares_its_scale_as_a_divisor():
+    # TransformerLens divides q.k by cfg.attn_scale (-1: sqrt(d_head)) and caps with attn_scores_soft_cap
+    from transformer_lens.config.transformer_bridge_config import TransformerBridgeConfig
+
+    from properties.checks import design
+
+    def tl(**kw):
+        return TransformerBridgeConfig(d_model=32, d_head=8, n_layers=1, n_ctx=32, n_heads=4, d_vocab=32, **kw)
+
+    assert design.attn_scale(tl(), 0) == pytest.approx(8 ** -0.5)
+    assert design.attn_scale(tl(attn_scale=4.0), 0) == 0.25
+    assert design.attn_scale(tl(use_attn_scale=False), 0) == 1.0
+    assert design.softcap(tl()) is None and design.softcap(tl(attn_scores_soft_cap=50.0)) == 50.0

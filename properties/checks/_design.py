@@ -35,8 +35,18 @@ def windows(cfg: Any) -> tuple[Optional[int], ...]:
     return declared
 
 
+def is_transformer_lens_cfg(cfg: Any) -> bool:
+    """Whether ``cfg`` is a TransformerLens config, whose ``attn_scale`` divides q.k instead of multiplying it."""
+    return any(c.__module__.startswith("transformer_lens.") for c in type(cfg).__mro__)
+
+
 def attn_scale(cfg: Any, layer: int) -> float:
     """The factor the model declares on q.k in ``layer`` (default 1/sqrt(d_head), Vaswani et al. §3.2.1)."""
+    if is_transformer_lens_cfg(cfg):  # TransformerLens: attn_scale is the *divisor*, <= 0 meaning sqrt(d_head)
+        if not getattr(cfg, "use_attn_scale", True):
+            return 1.0
+        divisor = float(getattr(cfg, "attn_scale", -1.0))
+        return 1.0 / (math.sqrt(cfg.d_head) if divisor <= 0 else divisor)
     per_layer = getattr(cfg, "attn_scales", None)
     if per_layer is not None:
         return float(per_layer[layer])

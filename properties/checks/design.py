@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from harness.model.positions import alibi_slopes
-from properties.checks._design import attn_scale, rotary_design, windows
+from properties.checks._design import attn_scale, is_transformer_lens_cfg, rotary_design, windows
 
 ALIBI_STYLES = ("relative", "absolute_key")
 
@@ -47,6 +47,9 @@ def window(cfg: Any, layer: int) -> Optional[int]:
 
 
 def softcap(cfg: Any) -> Optional[float]:
+    if is_transformer_lens_cfg(cfg):  # TransformerLens names it attn_scores_soft_cap, <= 0 meaning none
+        cap = float(getattr(cfg, "attn_scores_soft_cap", -1.0))
+        return cap if cap > 0 else None
     cap = getattr(cfg, "attn_softcap", None)
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
         raise ValueError(f"cfg.attn_softcap={cap!r} is invalid: expected None or a number > 0")
