@@ -118,7 +118,8 @@ def heal(run_dir: str | os.PathLike, *, fractions: Any = FRACTIONS, steps: int =
 
     teacher = harness.load_run(path)
     tokens, loss_mask = pipeline.probe_data(model_cfg, train_cfg, sequences)
-    orders = [("importance", None, importance_order(path, teacher, tokens, loss_mask))]
+    orders: list[tuple[str, Optional[int], torch.Tensor]] = [
+        ("importance", None, importance_order(path, teacher, tokens, loss_mask))]
     orders += [("random", s, torch.randperm(n_layers * n_heads, generator=torch.Generator().manual_seed(s)))
                for s in seeds]
     plan = []

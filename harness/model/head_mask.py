@@ -74,7 +74,7 @@ def _zero_pruned(keep: Tensor):
     return fn
 
 
-def apply_head_mask(model: nn.Module, mask: Any) -> None:
+def apply_head_mask(model: Any, mask: Any) -> None:
     """Hold the heads that ``mask`` prunes at zero on ``model`` (replacing a mask applied before).
 
     ``mask=None`` removes a mask this function applied. Layers with every head kept get no hook.
@@ -90,15 +90,15 @@ def apply_head_mask(model: nn.Module, mask: Any) -> None:
     if mask is None:
         return
     mask = normalize_head_mask(mask)
-    cfg = model.cfg  # type: ignore[attr-defined]
+    cfg = model.cfg
     check_head_mask_shape(mask, cfg.n_layers, cfg.n_heads)
     handles = []
     for layer, row in enumerate(mask):
         if all(row):
             continue
-        point = model.hook_dict[f"blocks.{layer}.attn.hook_z"]  # type: ignore[index]
+        hook_z = model.hook_dict[f"blocks.{layer}.attn.hook_z"]
         keep = torch.tensor(row, dtype=torch.bool)
-        handles.append(point.add_hook(_zero_pruned(keep), dir="fwd", is_permanent=True))
+        handles.append(hook_z.add_hook(_zero_pruned(keep), dir="fwd", is_permanent=True))
     object.__setattr__(model, _HANDLES, handles)
     object.__setattr__(model, _MASK, mask)
 
