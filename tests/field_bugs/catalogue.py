@@ -22,6 +22,7 @@ from tests.field_bugs import witness as w
 PRESS_4 = [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]  # Press et al. 2022 §3: 2^(-8h/4), h = 1..4
 PRESS_6 = PRESS_4 + [2 ** -1, 2 ** -3]  # 6 heads: the 4-head slopes, then every other 8-head slope
 LEFT_PADDED = dict(tokens=[[5, 9, 3, 7, 1, 2], [0, 0, 0, 4, 8, 6]], mask=[[1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]])
+RIGHT_PADDED = dict(tokens=[[5, 9, 3, 7, 1, 2], [4, 8, 6, 0, 0, 0]], mask=[[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
 LONG = [[5, 9, 3, 7, 1, 2, 11, 4]]  # longer than the windows (3), so a window's edge binds
 
 
@@ -103,6 +104,15 @@ BUGS: list[FieldBug] = [
          "masking_utils.eager_mask fills with -inf instead of finfo(dtype).min.",
          models.llama, _p(patches.eager_mask_minus_inf),
          lambda: w.nan_logits(models.llama, _p(patches.eager_mask_minus_inf), **LEFT_PADDED), ["finite_outputs"]),
+    _bug("pytorch63271_padding_masks_query_rows",
+         [("pytorch/pytorch#63271", GH + "pytorch/pytorch/issues/63271")],
+         "Since PyTorch 1.9, multi_head_attention_forward with a 3D attn_mask and a key_padding_mask masked padded "
+         "positions as queries too: their rows were all -inf and the output NaN, right padding included.",
+         "masking_utils.padding_mask_function masks padded query rows as well as padded keys, and eager_mask "
+         "fills with -inf (as torch's MHA did).",
+         models.llama, _p(patches.padding_masks_query_rows),
+         lambda: w.nan_logits(models.llama, _p(patches.padding_masks_query_rows), **RIGHT_PADDED),
+         ["finite_outputs"]),
     _bug("pytorch103963_sdpa_bool_mask_empty_rows",
          [("pytorch/pytorch#103963", GH + "pytorch/pytorch/issues/103963")],
          "scaled_dot_product_attention returned NaN for a boolean attn_mask with an all-False row; a left-padded "

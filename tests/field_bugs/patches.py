@@ -279,3 +279,21 @@ def softmax_over_queries() -> Iterator[None]:
 
     with mock.patch.object(modeling_llama, "eager_attention_forward", eager):
         yield
+
+
+@contextlib.contextmanager
+def padding_masks_query_rows() -> Iterator[None]:
+    """The padding mask applied to the padded *queries'* rows as well as to their keys, with -inf fill.
+
+    PyTorch #63271: ``multi_head_attention_forward`` merged a 3D attn_mask with key_padding_mask so that
+    padded elements were masked in rows and columns; a padded query's row was then all -inf and its
+    softmax NaN, even for right padding, where a padded query normally still sees the real keys before it.
+    """
+    def padding_mask_function(padding_mask):
+        def inner_mask(batch_idx, head_idx, q_idx, kv_idx):
+            return padding_mask[batch_idx, kv_idx] & padding_mask[batch_idx, q_idx]
+
+        return inner_mask
+
+    with mock.patch.object(masking_utils, "padding_mask_function", padding_mask_function), eager_mask_minus_inf():
+        yield
