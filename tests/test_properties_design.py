@@ -196,3 +196,12 @@ def test_a_transformer_lens_config_declares_its_scale_as_a_divisor():
     assert design.attn_scale(tl(attn_scale=4.0), 0) == 0.25
     assert design.attn_scale(tl(use_attn_scale=False), 0) == 1.0
     assert design.softcap(tl()) is None and design.softcap(tl(attn_scores_soft_cap=50.0)) == 50.0
+
+
+def test_an_unscaled_harness_model_declares_it():
+    from harness import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig(n_layers=1, d_model=32, n_heads=4, d_vocab=32, n_ctx=32, use_attn_scale=False))
+    assert model.cfg.attn_scale == 1.0
+    r = row(model, "attention_scale")
+    assert r.status == "pass" and "measured 1 = 2.83 x 1/sqrt(d_head)" in r.reason

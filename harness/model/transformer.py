@@ -16,6 +16,7 @@ before it, so left padding does not move positions.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, cast
 
 import torch
@@ -55,6 +56,11 @@ class _BoundConfig:
     @property
     def device(self) -> torch.device:
         return next(self._model.parameters()).device
+
+    @property
+    def attn_scale(self) -> float:
+        """The factor q.k is multiplied by, as the config declares it: 1/sqrt(d_head), or 1 unscaled."""
+        return 1.0 / math.sqrt(self._config.d_head) if self._config.use_attn_scale else 1.0
 
     def __repr__(self) -> str:
         return repr(self._config)
@@ -230,3 +236,18 @@ class Transformer(HookedRootModule):
         return _generate(self, tokens, max_new_tokens, temperature=temperature, top_k=top_k,
                         attention_mask=attention_mask, generator=generator, use_cache=use_cache,
                         return_logits=return_logits)
+
+    def forward_with_cache(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,
+                           past: Optional[KVCache] = None) -> tuple[Tensor, KVCache]:
+        """Cached decoding (``harness.adapters.protocol.CachedDecoding``): logits of the new ``tokens``
+        ``[batch, new]`` given the cache ``past`` (None starts one), and the cache to pass next.
+
+        ``attention_mask`` covers the new tokens only; the cache remembers earlier masks.
+        """
+        if self.config.attention_dir != "causal":
+            raise ValueError("forward_with_cache needs a causal model: attention_dir='bidirectional' lets every "
+                             "token see the future")
+        if past is not None and not isinstance(past, KVCache):
+            raise TypeError(f"past must be None or the KVCache a previous call returned, got {type(past).__name__}")
+        cache = KVCache(self.config.n_layers) if past is None else past
+        return self(tokens, attention_mask=attention_mask, kv_cache=cache), cache
