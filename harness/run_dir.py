@@ -4,6 +4,7 @@ Every stage writes plain files into the run directory (shared/DESIGN.md, "Data f
 
     checkpoint/               weights, optimizer state, config.json, state.json  (attnlab train)
     metrics.csv               training curves                                     (attnlab train)
+    model.json                an external model's card: source, adapter, design   (attnlab check/probe --hf)
     properties.csv            invariant checks                                    (attnlab check)
     probes/*.csv, *.json      head probes                                         (attnlab probe)
     saturation.csv            softmax saturation sweep                            (attnlab saturation)
@@ -56,6 +57,11 @@ class RunDir:
         return self.path / "metrics.csv"
 
     # analysis stages
+    @property
+    def model_json(self) -> Path:
+        """The card of a model from outside attnlab (``--hf``/``--model``), in place of the checkpoint's config."""
+        return self.path / "model.json"
+
     @property
     def properties_csv(self) -> Path:
         return self.path / "properties.csv"

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import click
 
+from harness.train.tasks import TASKS
 from reports.options import (
     BENCH_MODES,
     comma_floats,
@@ -122,6 +123,18 @@ def _run_dir_arg(f):
     return click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))(f)
 
 
+def _external_opts(f):
+    """--hf / --model / --out: another model than a trained run (see reports.external.resolve for the rule)."""
+    f = click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=str),
+                     help="Run directory for --hf/--model results (not one holding a trained run).")(f)
+    f = click.option("--model", "factory", default=None, metavar="MODULE:CALLABLE",
+                     help="Your own factory (imported from the current folder) returning a protocol model, a "
+                          "PreTrainedModel, a TransformerBridge or (nn.Module, cfg).")(f)
+    f = click.option("--hf", "hf", default=None, type=click.Path(path_type=str),
+                     help="A local save_pretrained folder, or a config.json for random weights (seeded by --seed).")(f)
+    return click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=str))(f)
+
+
 def _progress_opt(f):
     return click.option("--progress/--no-progress", default=None,
                         help="Progress bars (default: only when stderr is a terminal).")(f)
@@ -157,18 +170,30 @@ def train(run_dir: str, preset_name: Optional[str], resume: bool, overwrite: boo
 
 
 @cli.command(short_help="Property suite -> RUN_DIR/properties.csv.")
-@_run_dir_arg
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the searches.")
+@_external_opts
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the searches (and of --hf config.json random weights).")
 @click.option("--max-examples", type=click.IntRange(min=1), default=25, show_default=True,
               help="Hypothesis examples per property.")
 @_progress_opt
-def check(run_dir: str, seed: int, max_examples: int, progress: Optional[bool]) -> None:
-    """Run the property suite on a trained run -> RUN_DIR/properties.csv, and print the table."""
-    from reports import pipeline
+def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out: Optional[str], seed: int,
+          max_examples: int, progress: Optional[bool]) -> None:
+    """Run the property suite on a trained run -> RUN_DIR/properties.csv, and print the table.
 
-    table = pipeline.check(run_dir, seed=seed, max_examples=max_examples, progress=progress)
-    shown = table.assign(result=[("pass" if p else "FAIL") if a else "n/a"
-                                 for a, p in zip(table["applicable"], table["passed"], strict=True)])
+    With --hf PATH or --model MODULE:CALLABLE it checks that model instead and writes
+    properties.csv and model.json into --out RUN_DIR (`attnlab report RUN_DIR` renders it).
+    """
+    from reports import external, pipeline
+
+    run_dir, ext = external.resolve(run_dir, out, hf, factory, seed)
+    if ext is not None:
+        external.save(run_dir, ext)
+        click.echo(f"checking {ext.card['arch']} through {ext.card['adapter']}")
+    table = pipeline.check(run_dir, seed=seed, max_examples=max_examples, progress=progress,
+                           model=None if ext is None else ext.model)
+    shown = table.assign(result=[str(s).upper() if s == "fail" else s for s in table["status"]] if "status" in table
+                         else [("pass" if p else "FAIL") if a else "n/a"
+                               for a, p in zip(table["applicable"], table["passed"], strict=True)])
     click.echo(shown[["property", "result", "worst", "tolerance", "counterexample"]].to_string(index=False))
     applicable = table[table["applicable"].astype(bool)]
     click.echo(f"{int(applicable['passed'].astype(bool).sum())} / {len(applicable)} applicable properties passed; "
@@ -176,7 +201,13 @@ def check(run_dir: str, seed: int, max_examples: int, progress: Optional[bool]) 
 
 
 @cli.command(short_help="Head probes -> RUN_DIR/probes/.")
-@_run_dir_arg
+@_external_opts
+@click.option("--task", "task", type=click.Choice(sorted(TASKS)), default=None,
+              help="--hf/--model: probe on this harness task's tokens, at the model's vocab and n_ctx.")
+@click.option("--text", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="--hf: probe on this text file, tokenized by the tokenizer saved in PATH.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of --hf config.json random weights and of the --task batch.")
 @click.option("--sequences", type=click.IntRange(min=1), default=64, show_default=True,
               help="Validation sequences of the run's task to probe with.")
 @click.option("--seeds", type=comma_ints, default="0,1,2", show_default=True, help="Seeds of the random prune orders.")
@@ -185,14 +216,30 @@ def check(run_dir: str, seed: int, max_examples: int, progress: Optional[bool]) 
 @click.option("--top-k", type=click.IntRange(min=1), default=4, show_default=True,
               help="Most important heads whose attention patterns are saved.")
 @_progress_opt
-def probe(run_dir: str, sequences: int, seeds: tuple[int, ...], tolerance: float, top_k: int,
-          progress: Optional[bool]) -> None:
-    """Run every head probe on a trained run -> RUN_DIR/probes/*.csv."""
-    from reports import pipeline
+def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out: Optional[str],
+          task: Optional[str], text_file: Optional[str], seed: int, sequences: int, seeds: tuple[int, ...],
+          tolerance: float, top_k: int, progress: Optional[bool]) -> None:
+    """Run every head probe on a trained run -> RUN_DIR/probes/*.csv.
 
-    out = pipeline.probe(run_dir, sequences=sequences, seeds=seeds, tolerance=tolerance, top_k=top_k,
-                         progress=progress)
-    red = out["redundancy"]
+    With --hf PATH or --model MODULE:CALLABLE it probes that model instead, on --task NAME tokens
+    or (--hf with a saved tokenizer) --text FILE, writing into --out RUN_DIR.
+    """
+    from reports import external, pipeline
+
+    if (hf is None and factory is None) and (task is not None or text_file is not None):
+        raise CliError("error: --task/--text are for --hf/--model; a trained run is probed on its own task")
+    if (hf is not None or factory is not None) and (task is None) == (text_file is None):
+        raise CliError("error: --hf/--model need exactly one of --task NAME and --text FILE: the tokens to probe on")
+    run_dir, ext = external.resolve(run_dir, out, hf, factory, seed)
+    data = None
+    if ext is not None:
+        data = (external.task_tokens(ext.model, task, sequences, seed) if task is not None
+                else external.text_tokens(ext, text_file, sequences, external.TEXT_SEQ_LEN))
+        external.save(run_dir, ext)
+        click.echo(f"probing {ext.card['arch']} through {ext.card['adapter']} on {tuple(data[0].shape)} tokens")
+    result = pipeline.probe(run_dir, sequences=sequences, seeds=seeds, tolerance=tolerance, top_k=top_k,
+                            progress=progress, model=None if ext is None else ext.model, data=data)
+    red = result["redundancy"]
     click.echo(f"prunable within {tolerance:.1%} loss: {red['prunable_fraction']:.1%} of heads "
                f"(random order: {red['random_prunable_fraction']:.1%}); wrote {os.path.join(run_dir, 'probes')}")
 

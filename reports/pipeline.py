@@ -68,18 +68,26 @@ def _load(run_dir: str | os.PathLike):
 
 # --- check ---------------------------------------------------------------------------------------
 def check(run_dir: str | os.PathLike, *, seed: int = 0, max_examples: int = CHECK_EXAMPLES,
-          progress: Optional[bool] = None) -> pd.DataFrame:
-    """Run the property suite on the run's model; writes ``properties.csv`` and returns the table."""
+          progress: Optional[bool] = None, model: Any = None) -> pd.DataFrame:
+    """Run the property suite on the run's model; writes ``properties.csv`` and returns the table.
+
+    ``model`` (one from outside attnlab, behind the protocol: :func:`reports.external.open_model`)
+    is checked instead of a trained run's, its results written into ``run_dir``.
+    """
     import properties
 
     check_positive_int("max_examples", max_examples)
     check_int("seed", seed, 0)
-    path, model, _, _ = _load(run_dir)
+    if model is None:
+        path, model, _, _ = _load(run_dir)
+    else:
+        path = Path(run_dir)
     names = list(properties.PROPERTIES)
     rows = []
     for name in tqdm(names, desc="properties", unit="property", disable=_quiet(progress)):
         rows.append(properties.check_model(model, seed=seed, max_examples=max_examples, properties=[name]))
     table = pd.concat(rows, ignore_index=True)
+    table.attrs["adapter"] = rows[0].attrs.get("adapter")
     _write_csv(table, RunDir(path).properties_csv, index=False)
     return table
 
@@ -121,16 +129,23 @@ def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int) -> p
 
 def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds: Sequence[int] = SEEDS,
           tolerance: float = rundata.TOLERANCE, top_k: int = TOP_K_PATTERNS,
-          progress: Optional[bool] = None) -> dict[str, Any]:
-    """Run every head probe on the run's model over a fixed validation batch; writes ``probes/*``."""
+          progress: Optional[bool] = None, model: Any = None, data: Any = None) -> dict[str, Any]:
+    """Run every head probe on the run's model over a fixed validation batch; writes ``probes/*``.
+
+    ``model`` with ``data = (tokens, loss_mask or None)`` probes a model from outside attnlab
+    (:mod:`reports.external`) instead of a trained run's, writing into ``run_dir``.
+    """
     import probes
 
     check_positive_int("sequences", sequences)
     check_positive_int("top_k", top_k)
     seeds = check_ints("seeds", seeds, 0)
     check_number("tolerance", tolerance, 0, 1, high_inclusive=False, expected="a number in (0, 1)")
-    path, model, model_cfg, train_cfg = _load(run_dir)
-    tokens, loss_mask = probe_data(model_cfg, train_cfg, sequences)
+    if model is None:
+        path, model, model_cfg, train_cfg = _load(run_dir)
+        tokens, loss_mask = probe_data(model_cfg, train_cfg, sequences)
+    else:
+        path, (tokens, loss_mask) = Path(run_dir), data
     out: dict[str, Any] = {}
     steps: list[tuple[str, Callable[[], Any]]] = [
         *[(f"importance_{m}", lambda m=m: probes.head_importance(model, tokens, loss_mask=loss_mask, method=m))
@@ -143,7 +158,7 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         ("head_roles", lambda: probes.head_roles(model, tokens)),
         ("attention_entropy", lambda: probes.attention_entropy(model, tokens)),
         ("patterns", lambda: top_patterns(model, tokens, out["importance_ablation"],
-                                          min(top_k, model_cfg.n_layers * model_cfg.n_heads))),
+                                          min(top_k, model.cfg.n_layers * model.cfg.n_heads))),
         ("estimators", lambda: probes.compare_estimators(model, tokens, loss_mask=loss_mask, seed=seeds[0])),
     ]
     layout = RunDir(path)

@@ -107,7 +107,7 @@ def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]
     specs: list[tuple[str, str, str, Callable[[], Any]]] = [
         ("training", "Training curves", "Train and validation loss, validation accuracy on the "
          "task's target positions, and the learning-rate schedule.", lambda: plots.training_curves(data.metrics)),
-    ]
+    ] if len(data.metrics) else []  # a model from outside attnlab (model.json) has no training curves
     if data.saturation is not None:
         specs.append(("saturation", "Softmax saturation versus d_head",
                       "Freshly initialised attention on unit-variance inputs; log-log axes, band = spread over "
@@ -281,6 +281,13 @@ def card_rows(card: dict[str, Any]) -> list[tuple[str, Any]]:
     return top + [(k, v) for k, v in sorted(design.items()) if k not in card]
 
 
+def card_rows(card: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The model card of a model from outside attnlab: where it came from, its adapter, then its design facts."""
+    design = card.get("design") if isinstance(card.get("design"), dict) else {}
+    top = [(k, v) for k, v in card.items() if k != "design" and v is not None]
+    return top + [(k, v) for k, v in sorted(design.items()) if k not in card]
+
+
 def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
     """Everything the templates show (values raw; the templates escape and format)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -299,6 +306,9 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
                             ("mfu", "model FLOP utilisation", pct)):
         if col in data.metrics.columns and data.metrics[col].notna().any():
             train_rows.append((label, how(float(data.metrics[col].dropna().iloc[-1]))))
+    card = data.model_card
+    if card is not None:
+        train_rows = [("training", "none here: a model from outside attnlab (see the model card)")]
     slopes = None
     if data.saturation is not None:
         sat = data.saturation
@@ -306,11 +316,12 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
                    plots.loglog_slope_or_nan(sat[sat["scaled"].astype(bool) == scaled], "entropy"))
                   for scaled, label in ((True, "scaled"), (False, "unscaled"))]
     return {
-        "name": data.name, "task": data.train_config.task, "run_dir": str(data.run_dir.resolve()), "version": ver,
+        "name": data.name, "task": data.train_config.task if card is None else "no",
+        "run_dir": str(data.run_dir.resolve()), "version": ver,
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "headline": rundata.headline(data),
-        "model_config": sorted(data.model_config.to_dict().items()),
-        "train_config": sorted(data.train_config.to_dict().items()),
+        "model_config": sorted(data.model_config.to_dict().items()) if card is None else card_rows(card),
+        "train_config": sorted(data.train_config.to_dict().items()) if card is None else [],
         "params": list(data.params.items()),
         "train_rows": train_rows,
         "properties": None if data.properties is None else _properties_rows(data.properties),

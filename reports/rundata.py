@@ -130,6 +130,7 @@ class RunData:
     patterns: Optional[pd.DataFrame] = None
     example_tokens: Optional[list[int]] = None
     heal: Optional[pd.DataFrame] = None
+    model_card: Optional[dict] = None  # model.json of a model from outside attnlab (then no configs, no metrics)
     estimators: Optional[pd.DataFrame] = None
 
     @property
@@ -138,13 +139,31 @@ class RunData:
 
 
 def load(run_dir: Any) -> RunData:
-    """Read a run directory; the checkpoint's config and metrics.csv are required, the rest optional."""
+    """Read a run directory; the checkpoint's config and metrics.csv are required, the rest optional.
+
+    A run directory of a model from outside attnlab (``attnlab check --hf/--model``) has
+    ``model.json`` instead of a checkpoint and no metrics: its card stands in for the configs.
+    """
+    path = require_run_dir(run_dir)
+    layout = RunDir(path)
+    if layout.model_json.exists() and not layout.checkpoint.exists():
+        card = read_json(layout.model_json)
+        if not isinstance(card, dict):
+            raise ValueError(f"{layout.model_json} is not a JSON object: expected the model card attnlab check "
+                             f"--hf/--model writes")
+        params = {"total": card["parameters"]} if isinstance(card.get("parameters"), int) else {}
+        return _load_stages(RunData(run_dir=path, name=path.resolve().name, model_config=None, train_config=None,
+                                    params=params, metrics=pd.DataFrame(columns=list(COLUMNS[METRICS_CSV])),
+                                    model_card=card))
+    return _load_trained(path)
+
+
+def _load_trained(path: Path) -> RunData:
     import torch
 
     from harness import Transformer
     from harness.train.checkpoint import read_configs
 
-    path = require_run_dir(run_dir)
     model_cfg, train_cfg = read_configs(path)
     with torch.device("meta"):  # counting parameters needs shapes, not memory
         params = parameter_counts(Transformer(model_cfg))
@@ -156,10 +175,15 @@ def load(run_dir: Any) -> RunData:
         what = ("no rows" if metrics.empty else f"non-numeric values in column(s) {text}" if text
                 else "rows without a step")
         raise ValueError(f"{layout.metrics_csv} has {what}: expected one numeric row per logged training step")
-    data = RunData(run_dir=path, name=path.resolve().name, model_config=model_cfg, train_config=train_cfg,
-                   params=params, metrics=metrics,
-                   properties=_optional_csv(layout.properties_csv, COLUMNS[PROPERTIES_CSV]),
-                   saturation=_optional_csv(layout.saturation_csv, COLUMNS[SATURATION_CSV]))
+    return _load_stages(RunData(run_dir=path, name=path.resolve().name, model_config=model_cfg,
+                                train_config=train_cfg, params=params, metrics=metrics))
+
+
+def _load_stages(data: RunData) -> RunData:
+    """The analysis stages' files (each optional) into ``data``."""
+    layout = RunDir(data.run_dir)
+    data.properties = _optional_csv(layout.properties_csv, COLUMNS[PROPERTIES_CSV])
+    data.saturation = _optional_csv(layout.saturation_csv, COLUMNS[SATURATION_CSV])
     for method in IMPORTANCE_METHODS:
         df = _optional_csv(layout.probe_file(PROBE_FILES[f"importance_{method}"]), COLUMNS["importance"])
         if df is not None:
