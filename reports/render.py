@@ -281,13 +281,6 @@ def card_rows(card: dict[str, Any]) -> list[tuple[str, Any]]:
     return top + [(k, v) for k, v in sorted(design.items()) if k not in card]
 
 
-def card_rows(card: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The model card of a model from outside attnlab: where it came from, its adapter, then its design facts."""
-    design = card.get("design") if isinstance(card.get("design"), dict) else {}
-    top = [(k, v) for k, v in card.items() if k != "design" and v is not None]
-    return top + [(k, v) for k, v in sorted(design.items()) if k not in card]
-
-
 def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
     """Everything the templates show (values raw; the templates escape and format)."""
     from importlib.metadata import PackageNotFoundError, version
