@@ -195,9 +195,11 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
                          else [("pass" if p else "FAIL") if a else "n/a"
                                for a, p in zip(table["applicable"], table["passed"], strict=True)])
     click.echo(shown[["property", "result", "worst", "tolerance", "counterexample"]].to_string(index=False))
-    applicable = table[table["applicable"].astype(bool)]
-    click.echo(f"{int(applicable['passed'].astype(bool).sum())} / {len(applicable)} applicable properties passed; "
-               f"wrote {os.path.join(run_dir, 'properties.csv')}")
+    status = shown["result"].str.lower()
+    silent = list(table["property"][status == "unobservable"])  # not checked: never counted as failed
+    unobservable = f" ({len(silent)} unobservable: {', '.join(silent)})" if silent else ""
+    click.echo(f"{int((status == 'pass').sum())} / {int(status.isin(['pass', 'fail']).sum())} applicable properties "
+               f"passed{unobservable}; wrote {os.path.join(run_dir, 'properties.csv')}")
 
 
 @cli.command(short_help="Head probes -> RUN_DIR/probes/.")

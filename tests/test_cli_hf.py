@@ -185,6 +185,7 @@ def factory(tmp_path, monkeypatch):
 def test_model_factory_pair_runs_output_properties(factory):
     result = invoke("check", "--model", "mymodels:pair", "--out", "run", *FAST)
     assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert "unobservable: " in result.stdout.splitlines()[-1] and "causal_pattern" in result.stdout.splitlines()[-1]
     table = pd.read_csv(factory / "run" / "properties.csv").set_index("property")
     assert table.loc["causal_outputs", "status"] == "pass"
     assert table.loc["causal_pattern", "status"] == "unobservable"  # no hook points on a plain module
