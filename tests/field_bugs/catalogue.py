@@ -243,12 +243,7 @@ BUGS: list[FieldBug] = [
          ["causal_outputs", "kernel_consistency"]),
 ]
 
-# False alarms of the suite on the unpatched models above, each traced to its cause (none is the replayed
-# bug): tests/test_field_bugs.py expects them (strictly), docs/field-bugs.md names them.
-KNOWN_FALSE_ALARMS = {
-    "hf38290_opt_scale_twice": "attention_scale: OPT scales q inside q_proj and passes scaling=1.0 to its kernel; "
-                               "HFAdapter's hook_q is that scaled q while cfg.attn_scale declares 1/sqrt(d_head)",
-    "hf48745_decoder_attends_to_future": "sinusoidal_shift: HFAdapter raises on a position_offset for RoFormer "
-                                         "(its forward takes no position_ids), which the check counts as a failure "
-                                         "of the model",
-}
+# False alarms of the suite on the unpatched models above, each traced to its cause (none may be the
+# replayed bug): tests/test_field_bugs.py expects them (strictly), docs/field-bugs.md names them. Empty since
+# HFAdapter declares OPT's effective scale and RoFormer's offset rule (both were listed here before).
+KNOWN_FALSE_ALARMS: dict[str, str] = {}
