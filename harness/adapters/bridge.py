@@ -36,6 +36,17 @@ class ProtocolConfig:
     attention_dir: str
     normalization_type: Optional[str] = None
     n_key_value_heads: Optional[int] = None
+    # The wrapped model's declared design (read off the Hugging Face model, see HFDesign), so the checks
+    # follow the model and not the textbook: None where nothing was read (a bridge built elsewhere).
+    attn_scales: Optional[tuple[float, ...]] = None  # per layer: the factor on hook_q . hook_k
+    attn_softcap: Optional[float] = None
+    sliding_window: Optional[tuple[Optional[int], ...]] = None
+    rotary_dim: Optional[int] = None
+    rotary_style: Optional[str] = None
+    rotary_base: Optional[float] = None
+    alibi_style: Optional[str] = None
+    qk_norm: bool = False
+    arch: Optional[str] = None
 
 
 def is_bridge(obj: Any) -> bool:
@@ -61,7 +72,7 @@ class BridgeAdapter(HookedRootModule):
     (Hugging Face models otherwise number positions by index).
     """
 
-    def __init__(self, bridge: Any):  # a TransformerBridge (checked below); its attributes are dynamic
+    def __init__(self, bridge: Any, design: Any = None):  # a TransformerBridge (checked below); dynamic attributes
         super().__init__()
         if not is_bridge(bridge):
             raise TypeError(f"BridgeAdapter expects a transformer_lens TransformerBridge, got {type(bridge).__name__}")
@@ -69,21 +80,40 @@ class BridgeAdapter(HookedRootModule):
             # TransformerLens hook names live in compatibility mode; no_processing keeps the weights as given
             bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
         self.bridge = bridge
-        self._cfg = self._read_cfg(bridge.cfg)
+        self._cfg = self._read_cfg(bridge.cfg, design if design is not None else self._design_of(bridge))
         self.setup()
 
     @staticmethod
-    def _read_cfg(cfg: Any) -> ProtocolConfig:
+    def _design_of(bridge: Any) -> Any:
+        """The HFDesign of the model inside ``bridge`` where it can still be read, else None."""
+        from harness.adapters.hf_design import design_of
+
+        try:
+            return design_of(bridge.original_model)
+        except Exception:  # noqa: BLE001 - the builder replaced modules the reader needs: textbook defaults
+            return None
+
+    @staticmethod
+    def _read_cfg(cfg: Any, design: Any = None) -> ProtocolConfig:
         pos = getattr(cfg, "positional_embedding_type", None)
         direction = getattr(cfg, "attention_dir", "causal")
         if pos not in POSITIONAL_TYPES:
             raise TypeError(f"bridge cfg.positional_embedding_type={pos!r} is not one of {list(POSITIONAL_TYPES)}")
         if direction not in ATTENTION_DIRS:
             raise TypeError(f"bridge cfg.attention_dir={direction!r} is not one of {list(ATTENTION_DIRS)}")
+        facts: dict[str, Any] = {}
+        if design is not None and design.n_layers == cfg.n_layers:
+            # the bridge's hook_q is q as the projection gives it, before a pre-scale (OPT) the HF route's
+            # hook_q already carries: the factor on it is the whole scale
+            pre = design.query_prescale or 1.0
+            facts = dict(attn_scales=tuple(s * pre for s in design.attn_scales), attn_softcap=design.attn_softcap,
+                         sliding_window=design.sliding_window, rotary_dim=design.rotary_dim,
+                         rotary_style=design.rotary_style, rotary_base=design.rotary_base,
+                         alibi_style=design.alibi_style, qk_norm=design.qk_norm, arch=design.arch)
         return ProtocolConfig(n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_head=cfg.d_head, d_model=cfg.d_model,
                               d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, positional_embedding_type=pos,
                               attention_dir=direction, normalization_type=getattr(cfg, "normalization_type", None),
-                              n_key_value_heads=getattr(cfg, "n_key_value_heads", None))
+                              n_key_value_heads=getattr(cfg, "n_key_value_heads", None), **facts)
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module, architecture: Optional[str] = None) -> BridgeAdapter:
@@ -96,12 +126,18 @@ class BridgeAdapter(HookedRootModule):
 
         if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
             raise TypeError(f"from_hf expects a Hugging Face PreTrainedModel, got {type(hf_model).__name__}")
+        from harness.adapters.hf_design import design_of
+
         arch = architecture or (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
+        try:  # read before the builder replaces modules
+            design = design_of(hf_model)
+        except Exception:  # noqa: BLE001 - a model the reader cannot take still gets the bridge's own cfg
+            design = None
         bridge = build_bridge_from_module(hf_model.eval(), arch, hf_config=hf_model.config)
         # no_processing: keep Hugging Face's weights as they are (no LayerNorm folding or unembedding
         # centering), so the adapter computes exactly the function the Hugging Face model computes.
         bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-        return cls(bridge)
+        return cls(bridge, design)
 
     def setup(self) -> None:
         # The bridge's hook points keep their own names (HookedRootModule.setup would rename them

@@ -172,6 +172,13 @@ class HFAdapter(HookedRootModule):
         table = position_embedding_module(hf)
         if table is not None and cfg.positional_embedding_type in ("standard", "sinusoidal"):
             self._handles.append(table.register_forward_hook(self._out_hook(self.hook_pos_embed)))
+        # RoFormer's forward takes no position_ids but its sinusoidal table does: a position offset reaches the
+        # table (and so the rotation) through it; the table still computes the angles itself
+        self._table_ids: Optional[Tensor] = None
+        self._offset_table = table is not None and "position_ids" not in self._params and \
+            "position_ids" in inspect.signature(table.forward).parameters
+        if self._offset_table:
+            self._handles.append(table.register_forward_pre_hook(self._table_hook, with_kwargs=True))
         norm = routes.final_norm(hf, self._layers)
         if norm is not None:
             self._handles.append(norm.register_forward_hook(self._out_hook(self.ln_final.hook_normalized)))
@@ -195,6 +202,11 @@ class HFAdapter(HookedRootModule):
             else:
                 self._handles.append(out.register_forward_pre_hook(self._z_hook(block.attn.hook_z)))
                 self._handles.append(attn.register_forward_hook(self._pattern_hook(block.attn.hook_pattern)))
+
+    def _table_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if self._table_ids is None:
+            return None
+        return args, {**kwargs, "position_ids": self._table_ids}
 
     @staticmethod
     def _enter(tap: attention.LayerTap) -> Any:
@@ -282,6 +294,10 @@ class HFAdapter(HookedRootModule):
                 raise ValueError(f"position {int(ids.max()) - cfg.pos_offset} is past the learned position table: "
                                  f"expected positions < n_ctx={cfg.n_ctx}")
             kwargs["position_ids"] = ids
+        elif position_offset and self._offset_table:
+            # numbered by index from the offset, as the model numbers its own positions (left padding moves them;
+            # only rotary tables take this path, and rotary scores see only differences of positions)
+            self._table_ids = position_offset + torch.arange(tokens.shape[1], device=tokens.device)
         elif position_offset and cfg.positional_embedding_type not in ("alibi", "none"):
             raise ValueError(f"position_offset={position_offset} cannot be given to {cfg.arch}: its forward takes "
                              f"no position_ids; expected position_offset=0")
@@ -292,7 +308,10 @@ class HFAdapter(HookedRootModule):
         if self.route == routes.MODULE_HOOKS and "output_attentions" in self._params and \
                 any(_busy(b.attn.hook_pattern) for b in self.blocks):
             kwargs["output_attentions"] = True
-        return self.hf_model(input_ids=tokens, **kwargs).logits
+        try:
+            return self.hf_model(input_ids=tokens, **kwargs).logits
+        finally:
+            self._table_ids = None
 
     def _smoke(self) -> None:
         """A plain two-token forward before any use: a model that raises gets one error naming the exception."""

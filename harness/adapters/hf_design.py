@@ -11,7 +11,9 @@ otherwise; a fact the model does not have is None.
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -44,7 +46,7 @@ class HFDesign:
     device: str
     arch: str  # the HF config's model_type
     attn_scale: float  # layer 0's entry of attn_scales
-    attn_scales: tuple[float, ...]  # per layer: the factor q.k is multiplied by before the softmax
+    attn_scales: tuple[float, ...]  # per layer: the factor hook_q . hook_k is multiplied by before the softmax
     attn_softcap: Optional[float]  # Gemma 2: scores -> softcap * tanh(scores / softcap)
     sliding_window: tuple[Optional[int], ...]  # per layer; None = global attention
     rotary_dim: Optional[int]  # dimensions of each head that rotate (partial rotary: < d_head)
@@ -56,6 +58,9 @@ class HFDesign:
     alibi_style: Optional[str]  # "absolute_key" (slope * key index) / "relative" (slope * (key - query))
     normalization_type: Optional[str] = None
     adapter: str = "HFAdapter"
+    # OPT: q_proj(x) is multiplied by this before the attention function (hook_q is the scaled q, so
+    # attn_scales is 1.0 there); None where the scale is applied to q.k
+    query_prescale: Optional[float] = None
 
 
 def _text_config(config: Any) -> Any:
@@ -90,12 +95,33 @@ def positional_type(config: Any, hf_model: nn.Module, attn: Optional[nn.Module])
     module = _modeling_module(attn)
     if module is not None and hasattr(module, "apply_rotary_pos_emb"):
         return "rotary"
+    if _sinusoidal_rotary(attn):
+        return "rotary"
     for sub in hf_model.modules():
         if "Sinusoidal" in type(sub).__name__:
             return "sinusoidal"
     if position_embedding_module(hf_model) is not None:
         return "standard"
     return "none"
+
+
+def _sinusoidal_rotary(attn: Optional[nn.Module]) -> bool:
+    """RoFormer (Su et al. 2021, the RoPE paper's model): its sinusoidal table gives the angles of a rotation
+    applied to q and k inside attention (``apply_rotary_position_embeddings``), nothing is added to the residual."""
+    return attn is not None and callable(getattr(attn, "apply_rotary_position_embeddings", None))
+
+
+def _rotary_style(module: Any, attn: Optional[nn.Module]) -> str:
+    """"interleaved" (pairs (2i, 2i+1): GPT-J's rotate_every_two, Cohere's and RoFormer's ``x[..., ::2]``) or "half"."""
+    if module is not None and hasattr(module, "rotate_every_two"):
+        return "interleaved"
+    if _sinusoidal_rotary(attn):
+        return "interleaved"
+    try:
+        source = inspect.getsource(module.rotate_half) if module is not None and hasattr(module, "rotate_half") else ""
+    except (OSError, TypeError):
+        source = ""
+    return "interleaved" if "::2]" in source else "half"
 
 
 def position_embedding_module(hf_model: nn.Module) -> Optional[nn.Module]:
@@ -107,8 +133,27 @@ def position_embedding_module(hf_model: nn.Module) -> Optional[nn.Module]:
     return None
 
 
+def query_prescale(attn: Optional[nn.Module]) -> Optional[float]:
+    """The factor a module multiplies q by before its attention function, which it then calls with scaling=1.0.
+
+    OPT (and Whisper-style modules) compute ``q_proj(x) * self.scaling`` and pass ``scaling=1.0``
+    to the kernel, "to follow the original implementation" (modeling_opt.py). The q the kernel
+    gets, which is what ``hook_q`` sees, is then already scaled: the scale the scores apply to it
+    is 1.0. Read off the module's forward source; None when the module does not do this.
+    """
+    try:
+        source = inspect.getsource(type(attn).forward) if attn is not None else ""
+    except (OSError, TypeError):
+        return None
+    value = getattr(attn, "scaling", None)
+    if "scaling=1.0" in source and re.search(r"_proj\([^)]*\)\s*\*\s*self\.scaling", source) and \
+            isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
 def _scale(arch: str, attn: Optional[nn.Module], d_head: int) -> float:
-    if arch in _UNSCALED:
+    if arch in _UNSCALED or query_prescale(attn) is not None:
         return 1.0
     for name in ("scaling", "inv_norm_factor", "softmax_scale", "scale_attn"):
         value = getattr(attn, name, None)
@@ -184,7 +229,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
     module = _modeling_module(attn0)
     style = None
     if rotary:
-        style = "interleaved" if module is not None and hasattr(module, "rotate_every_two") else "half"
+        style = _rotary_style(module, attn0)
     base = None
     if rotary:
         base = _rope(config).get("rope_theta", getattr(config, "rope_theta", getattr(config, "rotary_emb_base", None)))
@@ -205,5 +250,19 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0,
         qk_norm=qk_norm, alibi=pos == "alibi",
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
-        normalization_type=_norm_type(hf_model),
+        normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
     )
+
+
+def design_of(hf_model: nn.Module) -> HFDesign:
+    """The :class:`HFDesign` of ``hf_model`` without wrapping it (what :class:`BridgeAdapter` declares)."""
+    from harness.adapters import hf_routes as routes
+    from harness.adapters.hf import HFAdapter
+
+    config = hf_model.config
+    layers = routes.find_layers(hf_model, getattr(_text_config(config), "num_hidden_layers", None))
+    attns = [routes.attention_module(layer) for layer in layers] if layers is not None else []
+    if not attns or any(a is None for a in attns):
+        raise TypeError(f"{type(hf_model).__name__} has no stack of attention blocks to read a design from")
+    return read_design(hf_model, attns, HFAdapter._head_dim(attns[0], config))
+
