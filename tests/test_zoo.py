@@ -1,0 +1,107 @@
+"""The zoo (tests/zoo.py): every failed row of the property suite on a tiny HF model is a documented finding.
+
+Fast tier: GPT-2, Llama, Bloom, BERT and Gemma 2 through HFAdapter and the bridge, the findings'
+witnesses, and the design facts whose absence caused false alarms (OPT's pre-scaled q, RoFormer's
+sinusoidal rotary, Cohere's interleaved pairs). Slow tier: every other architecture, and
+docs/models.md against a fresh run of the whole zoo.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import zoo
+from tests.zoo_witness import WITNESSES
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+_ROWS: dict[tuple[str, str], zoo.ZooRow] = {}  # shared by the per-architecture tests and the docs test
+
+
+def _row(arch: str, adapter: str) -> zoo.ZooRow:
+    if (arch, adapter) not in _ROWS:
+        _ROWS[(arch, adapter)] = zoo.run(arch, adapter)
+    return _ROWS[(arch, adapter)]
+
+
+def _tiered():
+    return [pytest.param(a, ad, id=f"{a}-{ad}", marks=() if a in zoo.FAST else pytest.mark.slow)
+            for a in sorted(zoo.ZOO) for ad in zoo.ADAPTERS]
+
+
+@pytest.mark.parametrize(("arch", "adapter"), _tiered())
+def test_every_failed_row_is_a_documented_finding(arch, adapter):
+    row = _row(arch, adapter)
+    assert adapter == "bridge" or not row.error, row.error
+    failed = {p for p, _, _ in row.failures}
+    assert not row.undocumented, [f for f in row.failures if f[0] in row.undocumented]
+    # and every finding still reproduces in the suite (a fix upstream turns this red: drop the finding)
+    assert failed == set(zoo.findings_for(arch, adapter)), failed
+    if not row.error:
+        assert sum(row.counts.values()) == 17 and row.counts["pass"] > 0, row.counts
+
+
+@pytest.mark.parametrize("finding", zoo.FINDINGS, ids=lambda f: f"{f.arch}-{f.adapter}-{f.prop}")
+def test_finding_reproduces_without_the_suite(finding):
+    seen = WITNESSES[finding.witness]()  # raises AssertionError once the bug is fixed
+    assert isinstance(seen, str) and seen
+
+
+def test_zoo_size_and_fast_tier():
+    assert len(zoo.ZOO) >= 25 and set(zoo.FAST) <= set(zoo.ZOO)
+    with pytest.raises(ValueError, match="not in the zoo"):
+        zoo.build("t5")
+    with pytest.raises(ValueError, match="adapter="):
+        zoo.wrap("gpt2", "nnsight")
+
+
+def test_opt_declares_its_prescaled_query():
+    """OPT computes q_proj(x) * scaling and calls its kernel with scaling=1.0: hook_q is the scaled q."""
+    from harness.adapters import BridgeAdapter, HFAdapter
+
+    adapter = HFAdapter(zoo.build("opt"))
+    d_head = adapter.cfg.d_head
+    assert adapter.cfg.attn_scales == (1.0, 1.0) and adapter.cfg.query_prescale == pytest.approx(d_head ** -0.5)
+    _, cache = adapter.run_with_cache(torch.tensor([[3, 5, 7]]))
+    q, k = cache["blocks.0.attn.hook_q"][0, :, 0], cache["blocks.0.attn.hook_k"][0, :, 0]
+    # independent: the module's own projections, scaled by hand, as modeling_opt.py does
+    attn = adapter._attns[0]
+    hidden = adapter.hf_model.model.decoder.layers[0].self_attn_layer_norm(cache["blocks.0.hook_resid_pre"])
+    torch.testing.assert_close(q, (attn.q_proj(hidden) * attn.scaling)[0, :, :d_head], atol=1e-6, rtol=0)
+    torch.testing.assert_close(k, attn.k_proj(hidden)[0, :, :d_head], atol=1e-6, rtol=0)
+    # the bridge's hook_q is the projection's output: the whole scale is declared on it
+    assert BridgeAdapter.from_hf(zoo.build("opt")).cfg.attn_scales == pytest.approx((d_head ** -0.5,) * 2)
+
+
+def test_roformer_is_rotary_and_takes_a_position_offset():
+    """RoFormer's sinusoidal table gives the angles of a rotation of q and k (Su et al. 2021), interleaved pairs."""
+    from harness.adapters import HFAdapter
+
+    model = zoo.build("roformer")
+    plain = zoo.build("roformer")
+    adapter = HFAdapter(model)
+    assert (adapter.cfg.positional_embedding_type, adapter.cfg.rotary_style) == ("rotary", "interleaved")
+    x = torch.tensor([[3, 5, 7, 9]])
+    with torch.no_grad():
+        ref = plain(input_ids=x).logits
+        torch.testing.assert_close(adapter(x), ref, atol=1e-5, rtol=0)
+        # relative positions: an offset moves every angle alike (the model's own table computes them)
+        torch.testing.assert_close(adapter(x, position_offset=5), ref, atol=1e-5, rtol=0)
+        table = plain.roformer.encoder.embed_positions
+        shifted = table(x.shape, position_ids=torch.arange(5, 9))
+        assert not torch.equal(shifted, table(x.shape))  # the offset really reached different angles
+
+
+def test_cohere_declares_interleaved_pairs():
+    from harness.adapters import HFAdapter
+
+    assert HFAdapter(zoo.build("cohere")).cfg.rotary_style == "interleaved"
+    assert HFAdapter(zoo.build("llama")).cfg.rotary_style == "half"
+
+
+@pytest.mark.slow
+def test_docs_models_md_is_generated_from_the_zoo():
+    rows = [_row(a, ad) for a in sorted(zoo.ZOO) for ad in zoo.ADAPTERS]
+    text = zoo.DOC.read_text()
+    assert zoo.render_doc(rows, text) == text, "docs/models.md is stale: run python -m tests.zoo"
+    assert "failed rows that are not: **0**" in text
