@@ -236,7 +236,7 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
     data = None
     if ext is not None:
         data = (external.task_tokens(ext.model, task, sequences, seed) if task is not None
-                else external.text_tokens(ext, text_file, sequences, external.TEXT_SEQ_LEN))
+                else external.text_tokens(ext, str(text_file), sequences, external.TEXT_SEQ_LEN))
         external.save(run_dir, ext)
         click.echo(f"probing {ext.card['arch']} through {ext.card['adapter']} on {tuple(data[0].shape)} tokens")
     result = pipeline.probe(run_dir, sequences=sequences, seeds=seeds, tolerance=tolerance, top_k=top_k,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import jinja2
 import pandas as pd
@@ -276,9 +276,20 @@ def estimator_rows(df: Any) -> list[dict] | None:
 
 def card_rows(card: dict[str, Any]) -> list[tuple[str, Any]]:
     """The model card of a model from outside attnlab: where it came from, its adapter, then its design facts."""
-    design = card.get("design") if isinstance(card.get("design"), dict) else {}
+    raw = card.get("design")
+    design: dict[str, Any] = raw if isinstance(raw, dict) else {}
     top = [(k, v) for k, v in card.items() if k != "design" and v is not None]
     return top + [(k, v) for k, v in sorted(design.items()) if k not in card]
+
+
+def source_args(card: Optional[dict[str, Any]]) -> str:
+    """What `attnlab check`/`probe` need before the run directory to re-run a stage: nothing for a trained
+    run, ``--hf PATH --out `` or ``--model SPEC --out `` for a model from outside attnlab."""
+    if card is None:
+        return ""
+    if card.get("source") == "hf":
+        return f"--hf {card.get('path')} --out "
+    return f"--model {card.get('factory')} --out "
 
 
 def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
@@ -317,6 +328,7 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
         "train_config": sorted(data.train_config.to_dict().items()) if card is None else [],
         "params": list(data.params.items()),
         "train_rows": train_rows,
+        "source_args": source_args(card),
         "properties": None if data.properties is None else _properties_rows(data.properties),
         "slopes": slopes,
         "redundancy": None if data.redundancy is None else redundancy_rows(data.redundancy),

@@ -23,6 +23,10 @@ PROBE_FAST = ["--sequences", "4", "--seeds", "0", "--top-k", "1", "--no-progress
 WORDS = [f"w{i}" for i in range(VOCAB - 1)]
 
 
+def card_path(run_dir) -> str:
+    return json.loads((run_dir / "model.json").read_text())["path"]
+
+
 def invoke(*args: str):
     return CliRunner().invoke(cli, list(args))
 
@@ -76,6 +80,7 @@ def test_report_renders_an_external_run(checked):
     assert "HFAdapter(llama, attention_interface)" in md and "LlamaForCausalLM" in md
     assert "train field" not in md  # no training config: the model card stands in for it
     assert "The head probes have not run yet" in md  # a missing stage is marked, not an error
+    assert f"attnlab probe --hf {card_path(out)} --out {out.resolve()}" in md  # with the command that fills it in
     assert "<table" in (out / "report.html").read_text()
 
 
@@ -91,7 +96,8 @@ def test_probe_config_only_with_task_then_report(models, tmp_path):
     assert len(imp) == 2 * 4  # gpt2(): 2 layers x 4 heads
     result = invoke("report", str(out))
     assert result.exit_code == 0, (result.stdout, result.stderr)
-    assert "The property suite has not run yet" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert f"The property suite has not run yet: `attnlab check --hf {card_path(out)} --out" in md
 
 
 def test_text_is_tokenized_by_the_saved_tokenizer(models, tmp_path):
