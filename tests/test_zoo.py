@@ -105,3 +105,23 @@ def test_docs_models_md_is_generated_from_the_zoo():
     text = zoo.DOC.read_text()
     assert zoo.render_doc(rows, text) == text, "docs/models.md is stale: run python -m tests.zoo"
     assert "failed rows that are not: **0**" in text
+
+
+def test_kv_cache_decodes_through_the_models_own_cache():
+    """HFAdapter.forward_with_cache feeds only the new tokens with the model's cache: equal to a full forward."""
+    import properties
+    from harness.adapters import HFAdapter
+
+    adapter = HFAdapter(zoo.build("llama"))
+    x = torch.tensor([[0, 3, 5], [4, 6, 8]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])  # left-padded prompt
+    with torch.no_grad():
+        prompt, past = adapter.forward_with_cache(x, attention_mask=mask)
+        step, past = adapter.forward_with_cache(torch.tensor([[7], [9]]), past=past)
+        full = adapter(torch.cat((x, torch.tensor([[7], [9]])), 1), attention_mask=torch.cat((mask, torch.ones(2, 1,
+                                                                                     dtype=torch.long)), 1))
+    assert past[0].get_seq_length() == 4  # the model's own cache holds every position
+    torch.testing.assert_close(step[:, -1], full[:, -1], atol=1e-5, rtol=0)
+    row = properties.check_model(adapter, properties=["kv_cache"], max_examples=5).iloc[0]
+    assert row.status == "pass" and "forward_with_cache" in row.reason
+    assert not hasattr(HFAdapter(zoo.build("bert")), "forward_with_cache")  # bidirectional: nothing to decode

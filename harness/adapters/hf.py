@@ -313,6 +313,44 @@ class HFAdapter(HookedRootModule):
         finally:
             self._table_ids = None
 
+    # ---- cached decoding through the model's own cache (harness.adapters.protocol.CachedDecoding) -------
+    def _cache_param(self) -> Optional[str]:
+        for name in ("cache", "past_key_values"):  # transformers 5 renamed past_key_values to cache
+            if name in self._params and "use_cache" in self._params:
+                return name
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        # forward_with_cache exists only where the model has a cache to decode through (the kv_cache
+        # property is n/a elsewhere, not a failure)
+        if name == "forward_with_cache":
+            if self._cfg.attention_dir == "causal" and self._cache_param() is not None:
+                return self._forward_with_cache
+            raise AttributeError(f"{self._cfg.arch} has no cache to decode through")
+        return super().__getattr__(name)
+
+    def _forward_with_cache(self, tokens: Int[Tensor, "batch new"], attention_mask: Optional[Tensor] = None,  # noqa: F722
+                            past: Optional[tuple[Any, Tensor]] = None) -> tuple[Tensor, tuple[Any, Tensor]]:
+        """Logits of the new ``tokens`` through the model's own cache (its ``past_key_values``), and the
+        cache to pass next: ``(hf_cache, mask so far)``. ``attention_mask`` covers the new tokens only."""
+        if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, new]")
+        new = torch.ones_like(tokens) if attention_mask is None else attention_mask.long()
+        if tuple(new.shape) != tuple(tokens.shape):
+            raise ValueError(f"attention_mask has shape {tuple(new.shape)}: expected [batch, new] = "
+                             f"{tuple(tokens.shape)}")
+        if past is not None and not (isinstance(past, tuple) and len(past) == 2):
+            raise TypeError(f"past must be None or what forward_with_cache returned, got {type(past).__name__}")
+        cache, seen = (None, new[:, :0]) if past is None else past
+        mask = torch.cat((seen, new), 1)
+        kwargs: dict[str, Any] = {"attention_mask": mask, "use_cache": True, self._cache_param() or "cache": cache}
+        if "position_ids" in self._params:
+            kwargs["position_ids"] = self.position_ids(mask, 0)[:, -tokens.shape[1]:]
+        out = self.hf_model(input_ids=tokens, **kwargs)
+        cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
+        return out.logits, (cache, mask)
+
     def _smoke(self) -> None:
         """A plain two-token forward before any use: a model that raises gets one error naming the exception."""
         n = min(2, self._cfg.n_ctx)
