@@ -171,8 +171,26 @@ def open_model(hf: Optional[str] = None, factory: Optional[str] = None, seed: in
         assert factory is not None
         made, source = load_factory(factory)
         model = _as_model(made, factory)
-    check_protocol(model, hooks=False)  # a two-token forward: a model that raises is one error, before any work
+    check_protocol(model, hooks=False, forward=False)  # cfg fields and hook_dict, before running anything
+    smoke(model)
+    check_protocol(model, hooks=False)  # the forward's arguments and its logits' shape
     return ExternalModel(model, model_card(model, source), tokenizer)
+
+
+def smoke(model: Any) -> None:
+    """A plain two-token forward: a model that raises is one ValueError naming the exception, before any work."""
+    import torch
+
+    from harness.adapters.entry import describe
+
+    n = min(2, int(model.cfg.n_ctx))
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, n, dtype=torch.long, device=device))
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's model is reported as one error
+        raise ValueError(f"the model ({describe(model)}) raised {type(exc).__name__} on a plain {n}-token input: "
+                         f"{exc}") from None
 
 
 def model_card(model: Any, source: dict[str, Any]) -> dict[str, Any]:

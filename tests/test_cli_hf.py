@@ -168,6 +168,12 @@ FACTORY = textwrap.dedent('''
         return model
 
 
+    def broken_pair():
+        def forward(tokens, attention_mask=None, position_offset=0):
+            raise RuntimeError("shape mismatch in my attention")
+        return forward, CFG
+
+
     def not_a_model():
         return 42
 
@@ -217,6 +223,7 @@ def test_model_factory_hf_model_is_wrapped(factory):
     ("mymodels:not_a_model", "returned a int: expected a protocol model"),
     ("mymodels:raises", "raised KeyError"),
     ("mymodels:broken", "raised RuntimeError on a plain 2-token input: my kernel is broken"),
+    ("mymodels:broken_pair", "(FunctionModel) raised RuntimeError on a plain 2-token input: shape mismatch"),
 ])
 def test_bad_model_factory(factory, spec, needle):
     assert_one_line_error(invoke("check", "--model", spec, "--out", "run", *FAST), 2, needle)
