@@ -31,14 +31,24 @@ from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import _shard
 from probes._validate import ModelInfo, ProbeData, z_hook
 
-# Rows x positions per forward pass when the caller gives no batch_size: large enough that
-# matmuls run at full speed on CPU, small enough that activations stay well under a GiB.
+# Rows x positions per forward pass when the caller gives no batch_size. On a GPU, large passes
+# fill the device (activations stay well under a GiB). On CPU a pass should amortise the per-pass
+# Python and hook overhead yet keep its activations near the caches: at 2**15 tokens (d_model 128:
+# 16 MB per residual, 64 MB per MLP hidden) batched leave-one-out ran only 1.1x the one-forward-
+# per-head loop at 16 x 128 tokens, against 1.4-1.5x at 2**11-2**13 tokens per pass, where the
+# memory traffic of the repeated batch no longer dominates (tests/bench/test_bench_probes.py).
 TOKENS_PER_PASS = 2 ** 15
+CPU_TOKENS_PER_PASS = 2 ** 13
 
 
-def rows_per_pass(batch_size: Optional[int], pos: int) -> int:
-    """Sequences per forward pass (a sequence repeated for k masks counts k times)."""
-    return batch_size if batch_size is not None else max(1, TOKENS_PER_PASS // pos)
+def rows_per_pass(batch_size: Optional[int], pos: int, device: Optional[torch.device] = None) -> int:
+    """Sequences per forward pass (a sequence repeated for k masks counts k times).
+
+    ``device``: where the model runs; None or a CPU takes the CPU budget."""
+    if batch_size is not None:
+        return batch_size
+    tokens = TOKENS_PER_PASS if device is not None and torch.device(device).type != "cpu" else CPU_TOKENS_PER_PASS
+    return max(1, tokens // pos)
 
 
 @contextmanager
@@ -162,7 +172,7 @@ def masked_stats(model: ProtocolModel, info: ModelInfo, data: ProbeData, masks: 
     else:
         first = torch.zeros(k, dtype=torch.long, device=info.device)
     groups = [(int(layer), (first == layer).nonzero().flatten()) for layer in torch.unique(first)]
-    rows = rows_per_pass(batch_size, data.pos)
+    rows = rows_per_pass(batch_size, data.pos, info.device)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=info.device)
     correct_sum = torch.zeros(k, dtype=torch.float64, device=info.device)
     # The passes (masks riding together) are the same for every data chunk, so under torchrun each
@@ -211,7 +221,7 @@ def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_
         return fn
 
     with eval_mode(model), torch.no_grad():
-        for tok, am, _ in _chunks(data, rows_per_pass(batch_size, data.pos)):
+        for tok, am, _ in _chunks(data, rows_per_pass(batch_size, data.pos, info.device)):
             real = torch.ones(tok.shape, dtype=torch.float64, device=info.device) if am is None else am.double()
             count += real.sum(0)
             hooks = [(z_hook(layer), capture(layer, real)) for layer in range(info.n_layers)]
@@ -248,7 +258,7 @@ def gate_gradients(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, ba
         return fn
 
     with eval_mode(model), torch.enable_grad():
-        for tok, am, w in _chunks(data, rows_per_pass(batch_size, data.pos)):
+        for tok, am, w in _chunks(data, rows_per_pass(batch_size, data.pos, info.device)):
             gates = torch.ones(tok.shape[0], L, H, device=info.device, requires_grad=True)
             hooks = [(z_hook(layer), gated(layer, gates)) for layer in range(L)]
             logits = run(model, info, tok, am, hooks)

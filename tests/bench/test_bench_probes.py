@@ -87,3 +87,67 @@ def test_bench_prune_curve(benchmark, setup):
     report(benchmark, f"prune_curve, 3 seeds x 10 fractions, {N_SEQ}x{POS} tokens",
            seconds=seconds, budget_s=30.0, threads=float(torch.get_num_threads()), load_before=before,
            load_after=load())
+
+
+# (n_layers, d_model, n_heads, sequences, tokens): the short shape, longer sequences, the issue's
+# 64 x 128 shape (full mode only: its naive loop alone takes minutes on a shared CPU), 12 layers.
+SHAPES = [(4, 128, 8, 16, 64), (4, 128, 8, 16, 128), *([(4, 128, 8, 64, 128)] if FULL else []),
+          (12, 128, 8, 16 if FULL else 4, 128)]
+
+
+def _paired(calls: dict, rounds: int) -> tuple[dict, dict]:
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return times, {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _ratio(times: dict, num: str, den: str) -> float:
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=True))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}d{}H{}_{}x{}".format(*s))
+def test_bench_ablation_ratio_across_shapes(benchmark, shape):
+    """Leave-one-out vs the naive loop at several shapes, with today's CPU pass size and the old one
+    (2**15 tokens per pass, probes.gates.TOKENS_PER_PASS), side by side in one run."""
+    from probes import gates
+
+    L, d, H, n, pos = shape
+    model = Transformer(ModelConfig(n_layers=L, d_model=d, n_heads=H, d_vocab=64, n_ctx=pos, seed=0)).eval()
+    tokens = torch.randint(0, 64, (n, pos), generator=torch.Generator().manual_seed(0))
+    old_rows = gates.TOKENS_PER_PASS // pos
+    naive = benchmark.pedantic(lambda: naive_loop(model, tokens), rounds=1, iterations=1)
+    got = probes.head_importance(model, tokens)
+    torch.testing.assert_close(torch.tensor(got.loss_delta.to_numpy()).view_as(naive), naive, atol=1e-5, rtol=0)
+    probes.head_importance(model, tokens, batch_size=old_rows)  # warm-up
+    before = load()
+    times, med = _paired({"naive": lambda: naive_loop(model, tokens),
+                          "ablation": lambda: probes.head_importance(model, tokens),
+                          "old_pass": lambda: probes.head_importance(model, tokens, batch_size=old_rows)},
+                         ROUNDS if FULL else 2)
+    report(benchmark, f"leave-one-out vs one forward per head, {L}x{H} heads d{d}, {n}x{pos} tokens",
+           naive_s=med["naive"], ablation_s=med["ablation"], ablation_speedup=_ratio(times, "naive", "ablation"),
+           old_pass_speedup=_ratio(times, "naive", "old_pass"),
+           prefix_bound=2 * L / (L + 1), threads=float(torch.get_num_threads()), load_before=before,
+           load_after=load())
+
+
+def test_bench_l0_gates_and_compare_vs_exact(benchmark, setup):
+    """l0_gates and compare_estimators cost as multiples of exact leave-one-out, measured in one run."""
+    model, tokens = setup
+    opts = probes.L0Options(steps=100 if FULL else 30)
+    benchmark.pedantic(lambda: probes.head_importance(model, tokens), rounds=1, iterations=1)
+    before = load()
+    times, med = _paired({
+        "exact": lambda: probes.head_importance(model, tokens),
+        "l0_gates": lambda: probes.head_importance(model, tokens, method="l0_gates", l0_options=opts),
+        "compare": lambda: probes.compare_estimators(model, tokens, l0_options=opts),
+    }, 3 if FULL else 2)
+    report(benchmark, f"l0_gates ({opts.steps} steps) and compare_estimators vs exact leave-one-out, "
+                      f"{N_SEQ}x{POS} tokens", exact_s=med["exact"], l0_gates_s=med["l0_gates"],
+           compare_s=med["compare"], l0_over_exact=_ratio(times, "l0_gates", "exact"),
+           compare_over_exact=_ratio(times, "compare", "exact"), threads=float(torch.get_num_threads()),
+           load_before=before, load_after=load())
