@@ -12,7 +12,8 @@ Llama models go through TransformerLens's ``TransformerBridge`` and :class:`Brid
 """
 
 from harness.adapters.bridge import BridgeAdapter, ProtocolConfig
-from harness.adapters.protocol import check_protocol, required_hooks
+from harness.adapters.function import FunctionModel
+from harness.adapters.protocol import check_protocol, observed_hooks, required_hooks
 from properties.checks import (
     attention_scale,
     batch_independence,
@@ -30,11 +31,12 @@ from properties.checks import (
     sinusoidal_shift,
 )
 from properties.saturation import loglog_slope, saturation_sweep
-from properties.search import PropertyResult
+from properties.search import STATUSES, PropertyResult
 from properties.suite import PROPERTIES, check_model
 
 __all__ = [
-    "check_model", "check_protocol", "required_hooks", "PROPERTIES", "PropertyResult",
+    "check_model", "check_protocol", "observed_hooks", "required_hooks", "PROPERTIES", "PropertyResult", "STATUSES",
+    "FunctionModel",
     "BridgeAdapter", "ProtocolConfig", "saturation_sweep", "loglog_slope",
     "attention_scale", "batch_independence", "causal_outputs", "causal_pattern", "kv_cache",
     "padding_outputs", "padding_pattern", "pattern_distribution", "permutation_equivariance",

@@ -21,14 +21,23 @@ from hypothesis.errors import Flaky
 from hypothesis.strategies import SearchStrategy
 
 from harness._checks import check_int, check_positive_int
+from harness.adapters.protocol import HookNotObserved, ModelError
+
+STATUSES = ("pass", "fail", "n/a", "unobservable")
 
 
 @dataclass(frozen=True)
 class PropertyResult:
     """One row of :func:`properties.check_model`'s table.
 
-    ``worst`` is the largest deviation seen (NaN when not applicable), in the unit the
-    property's docstring gives; ``passed`` is None when the property does not apply.
+    ``status`` is one of :data:`STATUSES`: **pass**, **fail** (``counterexample`` is the shrunk
+    input that broke it), **n/a** (the property does not apply to this design) or
+    **unobservable** (it applies, but a hook it needs does not exist or never fires on this
+    model, or the harness's own code failed to read it; ``reason`` names the hook). ``reason``
+    also carries information on pass/fail rows (e.g. the measured attention scale).
+    ``applicable``/``passed`` are kept for older readers: n/a is (False, None), unobservable
+    (True, None). ``worst`` is the largest deviation seen (NaN when nothing was measured), in
+    the unit the property's docstring gives. ``status`` is derived when left empty.
     """
 
     property: str
@@ -37,10 +46,25 @@ class PropertyResult:
     worst: float
     tolerance: float
     counterexample: str = ""
+    status: str = ""
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        derived = ("n/a" if not self.applicable else "unobservable" if self.passed is None
+                   else "pass" if self.passed else "fail")
+        if not self.status:
+            object.__setattr__(self, "status", derived)
+        elif self.status != derived:
+            raise ValueError(f"status={self.status!r} is invalid for applicable={self.applicable}, "
+                             f"passed={self.passed}: expected {derived!r}")
 
     @classmethod
-    def not_applicable(cls, name: str, tolerance: float) -> PropertyResult:
-        return cls(name, False, None, math.nan, tolerance, "")
+    def not_applicable(cls, name: str, tolerance: float, reason: str = "") -> PropertyResult:
+        return cls(name, False, None, math.nan, tolerance, "", reason=reason)
+
+    @classmethod
+    def unobservable(cls, name: str, tolerance: float, reason: str) -> PropertyResult:
+        return cls(name, True, None, math.nan, tolerance, "", reason=reason)
 
 
 class Violation(Exception):
@@ -61,20 +85,33 @@ Measure = Callable[[Any], tuple[float, str]]
 
 
 def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measure,
-           describe: Callable[[Any], str], *, seed: int, max_examples: Optional[int]) -> PropertyResult:
+           describe: Callable[[Any], str], *, seed: int, max_examples: Optional[int],
+           info: Callable[[], str] = lambda: "") -> PropertyResult:
     """Search ``strategy`` for an input with ``measure(x)[0] > tolerance``.
 
     ``measure`` returns (deviation, where): the deviation (NaN counts as a failure) and a short
-    note on where it occurred; ``describe`` turns an input into a short string.
+    note on where it occurred; ``describe`` turns an input into a short string; ``info()``, called
+    at the end, becomes the row's ``reason``. A model that raises (:class:`ModelError`) fails the
+    property; a hook that does not fire (:class:`HookNotObserved`) or an error in the check's own
+    code makes it unobservable: the harness could not look, which says nothing about the model.
     """
     check_search_args(seed, max_examples)
     worst = [0.0]
+    unobserved: list[str] = []
 
     def prop(example: Any) -> None:
+        if unobserved:  # nothing more can be seen; let the search end quickly
+            return
         try:
             deviation, where = measure(example)
-        except Exception as exc:  # a model that crashes on a valid protocol input fails the property
-            deviation, where = math.inf, f"raised {type(exc).__name__}: {exc}"
+        except HookNotObserved as exc:
+            unobserved.append(f"{exc.reason} (input {describe(example)})")
+            return
+        except ModelError as exc:  # a model that crashes on a valid protocol input fails the property
+            deviation, where = math.inf, f"raised {type(exc.original).__name__}: {exc.original}"
+        except Exception as exc:  # the check's own code failed on what the model's hooks returned
+            unobserved.append(f"the check could not read the model: {type(exc).__name__}: {exc}")
+            return
         deviation = float(deviation)
         if math.isnan(deviation):
             deviation = math.inf
@@ -98,8 +135,12 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
     try:
         test()
     except Violation as v:  # hypothesis re-raises the shrunk (minimal) failing example last
-        return PropertyResult(name, True, False, worst[0], tolerance, v.description)
+        return PropertyResult(name, True, False, worst[0], tolerance, v.description, reason=info())
     except Flaky:  # the same input failed once and passed on replay: the model is not deterministic
+        if unobserved:  # the replay stopped early because a hook went silent, not the model
+            return PropertyResult.unobservable(name, tolerance, unobserved[0])
         return PropertyResult(name, True, False, worst[0], tolerance,
-                              "non-deterministic: an input failed once and passed when replayed")
-    return PropertyResult(name, True, True, worst[0], tolerance, "")
+                              "non-deterministic: an input failed once and passed when replayed", reason=info())
+    if unobserved:
+        return PropertyResult.unobservable(name, tolerance, unobserved[0])
+    return PropertyResult(name, True, True, worst[0], tolerance, "", reason=info())

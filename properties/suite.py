@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import pandas as pd
+from transformer_lens import HookedRootModule
 
 from harness.adapters.entry import adapt, describe
-from harness.adapters.protocol import check_protocol
+from harness.adapters.function import FunctionModel
+from harness.adapters.protocol import AnyModel, ProtocolModel, check_protocol, observed_hooks
 from properties.checks import (
+    alibi_slopes,
     attention_scale,
     batch_independence,
     causal_outputs,
     causal_pattern,
+    finite_outputs,
+    kernel_consistency,
     kv_cache,
     padding_outputs,
     padding_pattern,
@@ -21,7 +27,9 @@ from properties.checks import (
     permutation_equivariance,
     relative_position,
     rotary_norm,
+    rotary_precision,
     sinusoidal_shift,
+    sliding_window,
 )
 from properties.search import PropertyResult, check_search_args
 
@@ -40,35 +48,67 @@ PROPERTIES: dict[str, Callable[..., PropertyResult]] = {
     "rotary_norm": rotary_norm,
     "sinusoidal_shift": sinusoidal_shift,
     "kv_cache": kv_cache,
+    "sliding_window": sliding_window,
+    "alibi_slopes": alibi_slopes,
+    "kernel_consistency": kernel_consistency,
+    "rotary_precision": rotary_precision,
+    "finite_outputs": finite_outputs,
 }
-COLUMNS = ["property", "applicable", "passed", "worst", "tolerance", "counterexample"]
+COLUMNS = ["property", "applicable", "passed", "worst", "tolerance", "counterexample", "status", "reason"]
 
 
-def check_model(model: Any, *, seed: int = 0, max_examples: Optional[int] = None,
-                properties: Optional[list[str]] = None) -> pd.DataFrame:
+def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] = None,
+                properties: Optional[list[str]] = None, cfg: Any = None) -> pd.DataFrame:
     """Run the property checks on a model that follows the protocol; one row per property.
 
-    Columns: ``property, applicable, passed, worst, tolerance, counterexample``. ``worst`` is
-    the largest deviation seen, ``counterexample`` the shrunk input that broke the property
-    ("" when it held); ``passed`` is None where the property does not apply. ``seed`` makes
-    the searches reproducible; ``max_examples`` caps each search (default: the loaded
-    hypothesis profile's). ``properties`` selects a subset by name. A model that does not
-    follow the protocol raises TypeError listing what is missing.
+    Columns: ``property, applicable, passed, worst, tolerance, counterexample, status, reason``.
+    ``status`` is pass / fail / n/a / unobservable (a hook the property needs does not exist or
+    never fires on this model: ``reason`` names it; never a failure). ``worst`` is the largest
+    deviation seen, ``counterexample`` the shrunk input that broke the property ("" when it
+    held); ``passed`` is None where the property does not apply or cannot be observed.
+    ``seed`` makes the searches reproducible; ``max_examples`` caps each search (default: the
+    loaded hypothesis profile's). ``properties`` selects a subset by name. A plain ``nn.Module``
+    or function ``f(tokens, attention_mask=None, position_offset=0) -> logits`` is checked when
+    given with ``cfg`` (a mapping or object with the protocol's cfg fields; see
+    :class:`harness.adapters.function.FunctionModel`): its output-level properties run, the
+    hook-level ones are unobservable. A transformers ``PreTrainedModel`` or a TransformerLens
+    ``TransformerBridge`` is put behind its adapter (:func:`harness.adapters.wrap`);
+    ``frame.attrs["adapter"]`` says which ("HFAdapter(llama, attention_interface)",
+    "BridgeAdapter", "FunctionModel", "protocol model"). A model that does not follow the protocol's forward/cfg
+    part raises TypeError listing what is missing.
     """
     check_search_args(seed, max_examples)
     names = list(PROPERTIES) if properties is None else list(properties)
     unknown = [n for n in names if n not in PROPERTIES]
     if unknown or not names:
         raise ValueError(f"properties={properties!r} is invalid: expected names from {list(PROPERTIES)}")
-    model = adapt(model)  # a PreTrainedModel or TransformerBridge goes behind its adapter
-    check_protocol(model)
+    if cfg is not None:
+        if isinstance(model, HookedRootModule):
+            raise ValueError("cfg=... is for a plain nn.Module or function: this model is a HookedRootModule "
+                             "and carries its own cfg")
+        model = FunctionModel(model, cfg)
+    else:
+        model = adapt(model)  # a PreTrainedModel or TransformerBridge goes behind its adapter
+    check_protocol(model, hooks=False)
+    model = cast(ProtocolModel, model)  # check_protocol checked it
     was_training = getattr(model, "training", False)
     model.eval()  # dropout or other train-mode noise would break every equality
     try:
-        rows = [PROPERTIES[n](model, seed=seed, max_examples=max_examples) for n in names]
+        observed = observed_hooks(model)  # once: which hook points fire on this model
+        rows = [_run_check(PROPERTIES[n], model, seed, max_examples, observed) for n in names]
     finally:
         model.train(was_training)
     frame = pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in rows], columns=COLUMNS)
     frame["passed"] = frame["passed"].astype(object)
     frame.attrs["adapter"] = describe(model)
     return frame
+
+
+def _run_check(check: Callable[..., PropertyResult], model: Any, seed: int, max_examples: Optional[int],
+               observed: set[str]) -> PropertyResult:
+    try:
+        takes_observed = "observed" in inspect.signature(check).parameters
+    except (TypeError, ValueError):
+        takes_observed = False
+    kwargs = {"observed": observed} if takes_observed else {}
+    return check(model, seed=seed, max_examples=max_examples, **kwargs)

@@ -175,9 +175,9 @@ def _records(df: pd.DataFrame) -> list[dict]:
 def _properties_rows(df: pd.DataFrame) -> list[dict]:
     rows = []
     for r in _records(df):
-        applicable, passed = bool(r["applicable"]), bool(r["passed"])
-        rows.append({**r, "status": "pass" if applicable and passed else "fail" if applicable else "n/a"})
-    order = {"fail": 0, "pass": 1, "n/a": 2}
+        status = r.get("status") or rundata.property_status(r["applicable"], r["passed"])
+        rows.append({**r, "status": status, "reason": r.get("reason") or ""})
+    order = {"fail": 0, "unobservable": 1, "pass": 2, "n/a": 3}
     return sorted(rows, key=lambda r: order[r["status"]])
 
 

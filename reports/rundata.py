@@ -233,6 +233,19 @@ def prunable_by_accuracy(curve: pd.DataFrame, drop: float = ACCURACY_DROP) -> di
     return out
 
 
+def property_status(applicable: Any, passed: Any) -> str:
+    """A properties.csv row's status from ``applicable``/``passed`` (files written before the status column)."""
+    if not _truthy(applicable):
+        return "n/a"
+    if passed is None or (isinstance(passed, float) and math.isnan(passed)):
+        return "unobservable"
+    return "pass" if _truthy(passed) else "fail"
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "1.0")
+
+
 def headline(data: RunData) -> dict[str, Any]:
     """The numbers the report opens with; None where the stage behind one has not run."""
     out: dict[str, Any] = {
@@ -240,16 +253,22 @@ def headline(data: RunData) -> dict[str, Any]:
         "final_val_loss": _last(data.metrics["val_loss"]),
         "steps": int(data.metrics["step"].max()) if len(data.metrics) else 0,
         "properties_passed": None, "properties_applicable": None, "properties_failed": [],
+        "properties_unobservable": [],
         "prunable_fraction": None, "random_prunable_fraction": None, "tolerance": TOLERANCE,
         "induction_heads": None, "accuracy_drop": ACCURACY_DROP,
         "accuracy_drop_label": f"{ACCURACY_DROP * 100:g} accuracy point{'' if ACCURACY_DROP == 0.01 else 's'}",
         "prunable_by_accuracy": None, "random_prunable_by_accuracy": None,
     }
     if data.properties is not None:
-        applicable = data.properties[data.properties["applicable"].astype(bool)]
-        passed = applicable["passed"].astype(bool)
-        out.update(properties_passed=int(passed.sum()), properties_applicable=len(applicable),
-                   properties_failed=list(applicable.loc[~passed, "property"].astype(str)))
+        df = data.properties
+        status = df["status"] if "status" in df else pd.Series(
+            [property_status(a, p) for a, p in zip(df["applicable"], df["passed"], strict=True)], index=df.index)
+        names = df["property"].astype(str)
+        # "applicable" in the headline counts what was checked: an unobservable row is listed, not failed
+        out.update(properties_passed=int((status == "pass").sum()),
+                   properties_applicable=int(status.isin(["pass", "fail"]).sum()),
+                   properties_failed=list(names[status == "fail"]),
+                   properties_unobservable=list(names[status == "unobservable"]))
     if data.redundancy is not None:
         out["prunable_fraction"] = data.redundancy.get("prunable_fraction")
         out["random_prunable_fraction"] = data.redundancy.get("random_prunable_fraction")

@@ -38,15 +38,17 @@ def small(**kw) -> Transformer:
 
 def test_table_columns_and_applicability():
     frame = check_model(small(positional_embedding_type="rotary"), max_examples=FAST)
-    assert list(frame.columns) == ["property", "applicable", "passed", "worst", "tolerance", "counterexample"]
+    assert list(frame.columns) == ["property", "applicable", "passed", "worst", "tolerance", "counterexample",
+                                   "status", "reason"]
     assert list(frame.property) == list(properties.PROPERTIES)
     rows = frame.set_index("property")
     applicable = set(rows.index[rows.applicable])
     assert applicable == {"causal_outputs", "causal_pattern", "pattern_distribution", "padding_outputs",
                           "padding_pattern", "batch_independence", "attention_scale", "relative_position",
-                          "rotary_norm", "kv_cache"}
+                          "rotary_norm", "kv_cache", "kernel_consistency", "rotary_precision", "finite_outputs"}
     na = rows[~rows.applicable]
     assert na.passed.isna().all() and na.worst.isna().all()
+    assert set(rows.status) <= {"pass", "n/a"} and (rows.status == "n/a").eq(~rows.applicable).all()
     ok = rows[rows.applicable]
     assert (ok.passed == True).all() and (ok.worst <= ok.tolerance).all()  # noqa: E712
     assert (ok.counterexample == "").all()

@@ -253,3 +253,24 @@ def test_prunable_by_accuracy_reads_the_curve_until_accuracy_first_drops():
             for (o, s), accs in acc.items() for n, a in enumerate(accs)]
     got = rundata.prunable_by_accuracy(pd.DataFrame(rows), drop=0.01)
     assert got == {"importance": 2 / 4, "random": (0 / 4 + 4 / 4) / 2}
+
+
+def test_unobservable_rows_are_shown_with_their_reason_and_not_counted_as_failures(run, tmp_path):
+    # one row turned unobservable, as check_model writes it for a hook that never fires
+    out = tmp_path / "unobservable"
+    out.mkdir()
+    shutil.copytree(run.run_dir / "checkpoint", out / "checkpoint")
+    for name in ("metrics.csv", "properties.csv"):
+        shutil.copy(run.run_dir / name, out / name)
+    props = pd.read_csv(out / "properties.csv", dtype={"counterexample": object, "reason": object, "passed": object})
+    row = props.index[props["status"] == "pass"][0]
+    reason = "hook blocks.0.attn.hook_pattern exists but never fires on this model"
+    props.loc[row, ["passed", "status", "reason", "worst"]] = [None, "unobservable", reason, float("nan")]
+    props.to_csv(out / "properties.csv", index=False)
+    paths = render.render(out)
+    text = " ".join(" ".join(parse(paths.html.read_text(encoding="utf-8")).text).split())
+    checked = props[props["status"].isin(["pass", "fail"])]
+    assert f"{int((checked['status'] == 'pass').sum())} / {len(checked)}" in text
+    assert f"unobservable: {props.loc[row, 'property']}" in text and reason in text
+    md = paths.markdown.read_text(encoding="utf-8")
+    assert f"| {props.loc[row, 'property']} | unobservable |" in md and reason in md

@@ -15,9 +15,13 @@ Tolerances (float32 models, compared in float64):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 from torch import Tensor
+
+from harness.adapters.protocol import ProtocolModel, check_protocol, observed_hooks
 
 LOGIT_RTOL = 1e-4
 MAX_LEN = 8  # sequence lengths the searches draw; small keeps a search to milliseconds per example
@@ -43,6 +47,25 @@ def scaled_deviation(actual: Tensor, expected: Tensor) -> tuple[float, tuple[int
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
     scale = max(1.0, float(expected.abs().max()))
     return float(diff.max()) / scale, idx
+
+
+def prepare(model: ProtocolModel, observed: Optional[set[str]]) -> set[str]:
+    """Check the protocol's forward/cfg part and return the hooks that fire (computed if not given).
+
+    :func:`properties.check_model` computes ``observed`` once and passes it to every check.
+    """
+    check_protocol(model, hooks=False)
+    return observed_hooks(model) if observed is None else set(observed)
+
+
+def hook_gap(model: ProtocolModel, names: Iterable[str], observed: set[str]) -> Optional[str]:
+    """Why a check needing ``names`` cannot look at ``model`` (None when every hook fires)."""
+    for name in names:
+        if name not in model.hook_dict:
+            return f"no hook point {name}"
+        if name not in observed:
+            return f"hook {name} exists but never fires on this model"
+    return None
 
 
 def fmt(x: float) -> str:

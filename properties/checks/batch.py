@@ -14,9 +14,10 @@ from properties.strategies import token_batches
 NAME = "batch_independence"
 
 
-def batch_independence(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+def batch_independence(model, *, seed: int = 0, max_examples: int | None = None,
+                       observed: set[str] | None = None) -> PropertyResult:
     """``f(x)[i] == f(x[i:i+1])[0]`` for every row i of a batch of 2-3 sequences."""
-    check_protocol(model)
+    check_protocol(model, hooks=False)
     cfg = model.cfg
 
     def measure(x):

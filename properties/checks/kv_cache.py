@@ -1,11 +1,18 @@
 """KV cache: incremental decoding gives the logits a full recompute gives.
 
-Applies to causal models with a ``generate(tokens, max_new_tokens, *, temperature,
-attention_mask, return_logits)`` method (``harness.Transformer`` has one); a model without
-a cache interface is marked not applicable. Greedy decoding (temperature 0) from a prompt,
-optionally left-padded, returns the logits that chose each new token; the same logits must
-come out of one forward pass over the whole generated sequence. Deviation: scaled logit
-difference (``_common.LOGIT_RTOL``).
+Decodes through the model's own cache, the one people actually run:
+
+- a model with ``forward_with_cache(tokens, attention_mask=None, past=None) -> (logits, past)``
+  (the optional :class:`harness.adapters.protocol.CachedDecoding` method; ``harness.Transformer``
+  has it, an HF adapter maps it onto ``past_key_values``) prefills a prompt, optionally
+  left-padded, then feeds drawn continuation tokens in chunks of 1-2 (a chunk of two after a
+  prefill exercises the causal mask inside a cached step);
+- otherwise a model with ``generate(tokens, max_new_tokens, *, temperature, attention_mask,
+  return_logits)`` decodes greedily (temperature 0) and returns the logits that chose each token;
+- a causal model with neither is marked not applicable.
+
+The same logits must come out of one forward pass over the whole sequence. Deviation: scaled
+logit difference (``_common.LOGIT_RTOL``). Needs only the model's outputs, no hook.
 """
 
 from __future__ import annotations
@@ -15,7 +22,14 @@ import inspect
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import check_protocol, model_device, run
+from harness.adapters.protocol import (
+    CACHED_DECODING,
+    call_model,
+    check_protocol,
+    has_cached_decoding,
+    model_device,
+    run,
+)
 from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches, token_batches
@@ -23,6 +37,7 @@ from properties.strategies import padded_batches, token_batches
 NAME = "kv_cache"
 GENERATE_ARGS = ("max_new_tokens", "temperature", "attention_mask", "return_logits")
 MAX_NEW = 4
+MAX_CHUNK = 2
 
 
 def has_cache_interface(model) -> bool:
@@ -37,28 +52,87 @@ def has_cache_interface(model) -> bool:
     return all(a in params for a in GENERATE_ARGS)
 
 
-def kv_cache(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
-    """Greedy ``generate`` logits (cached decoding) equal a full forward pass over the generated tokens."""
-    check_protocol(model)
-    cfg = model.cfg
-    if cfg.attention_dir != "causal" or not has_cache_interface(model) or cfg.n_ctx < 2:
-        return PropertyResult.not_applicable(NAME, LOGIT_RTOL)
-    new_max = min(MAX_NEW, cfg.n_ctx - 1)
-    n = max(1, min(max_len(cfg), cfg.n_ctx - new_max))  # prompt tokens + new tokens fit the context
+def _prompts(cfg, n: int):
     prompts = [token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))]
-    if n >= 2:  # generation pads on the left, so the last prompt position is a real token
+    if n >= 2:  # prompts pad on the left, so the last prompt position is a real token
         prompts.append(padded_batches(cfg.d_vocab, max_len=max(1, n // 2), max_pad=max(1, n - n // 2),
                                       sides=("left",)).map(lambda p: (p.tokens, p.mask)))
-    strategy = st.tuples(st.one_of(*prompts), st.integers(1, new_max))
+    return st.one_of(*prompts)
+
+
+def _describe_prompt(x, mask) -> str:
+    return f"prompt={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
+
+
+def kv_cache(model, *, seed: int = 0, max_examples: int | None = None,
+             observed: set[str] | None = None) -> PropertyResult:
+    """Cached decoding (``forward_with_cache``, else greedy ``generate``) equals a full forward pass."""
+    check_protocol(model, hooks=False)
+    cfg = model.cfg
+    if cfg.attention_dir != "causal" or cfg.n_ctx < 2:
+        return PropertyResult.not_applicable(NAME, LOGIT_RTOL, f"attention_dir={cfg.attention_dir!r}")
+    new_max = min(MAX_NEW, cfg.n_ctx - 1)
+    n = max(1, min(max_len(cfg), cfg.n_ctx - new_max))  # prompt tokens + new tokens fit the context
+    if has_cached_decoding(model):
+        return _through_cache(model, cfg, n, new_max, seed, max_examples)
+    if has_cache_interface(model):
+        return _through_generate(model, cfg, n, new_max, seed, max_examples)
+    return PropertyResult.not_applicable(NAME, LOGIT_RTOL, f"no {CACHED_DECODING} or generate method")
+
+
+def _through_cache(model, cfg, n: int, new_max: int, seed: int, max_examples: int | None) -> PropertyResult:
+    @st.composite
+    def strategy(draw):
+        x, mask = draw(_prompts(cfg, n))
+        chunks, left = [], new_max
+        while left > 0 and (not chunks or draw(st.booleans())):  # shrinks towards one chunk of one token
+            size = draw(st.integers(1, min(MAX_CHUNK, left)))
+            chunks.append(draw(st.lists(st.lists(st.integers(0, cfg.d_vocab - 1), min_size=size, max_size=size),
+                                        min_size=x.shape[0], max_size=x.shape[0])))
+            left -= size
+        return x, mask, chunks
+
+    def measure(example):
+        x, mask, chunks = example
+        device = model_device(model)
+        with torch.no_grad():
+            logits, past = call_model(getattr(model, CACHED_DECODING), x.to(device),
+                                      attention_mask=None if mask is None else mask.to(device), past=None)
+            outs = [logits[:, -1:]]
+            for chunk in chunks:
+                step, past = call_model(getattr(model, CACHED_DECODING), x.new_tensor(chunk).to(device),
+                                        attention_mask=None, past=past)
+                outs.append(step)
+        cached = torch.cat([o.detach().to("cpu", torch.float64) for o in outs], 1)
+        tokens = torch.cat([x] + [x.new_tensor(c) for c in chunks], 1)
+        full_mask = torch.ones_like(tokens)
+        if mask is not None:
+            full_mask[:, : x.shape[1]] = mask
+        full, _ = run(model, tokens, attention_mask=full_mask)
+        p = x.shape[1]
+        dev, idx = scaled_deviation(cached, full[:, p - 1:])
+        return dev, (f"cached logits differ from a full recompute by {fmt(dev)} at (row, step, vocab)={idx} "
+                     f"(step 0 = the prompt's last token)")
+
+    def describe(example):
+        x, mask, chunks = example
+        return _describe_prompt(x, mask) + f" then chunks={chunks}"
+
+    return search(NAME, LOGIT_RTOL, strategy(), measure, describe, seed=seed, max_examples=max_examples,
+                  info=lambda: f"decoded through {CACHED_DECODING}")
+
+
+def _through_generate(model, cfg, n: int, new_max: int, seed: int, max_examples: int | None) -> PropertyResult:
+    strategy = st.tuples(_prompts(cfg, n), st.integers(1, new_max))
     kwargs = {"use_cache": True} if "use_cache" in inspect.signature(model.generate).parameters else {}
 
     def measure(example):
         (x, mask), n_new = example
         device = model_device(model)
         with torch.no_grad():
-            out, steps = model.generate(x.to(device), n_new, temperature=0.0,
-                                        attention_mask=None if mask is None else mask.to(device),
-                                        return_logits=True, **kwargs)
+            out, steps = call_model(model.generate, x.to(device), n_new, temperature=0.0,
+                                    attention_mask=None if mask is None else mask.to(device),
+                                    return_logits=True, **kwargs)
         out, steps = out.cpu(), steps.cpu().double()
         full_mask = torch.ones_like(out) if mask is None else torch.cat((mask, torch.ones_like(out[:, x.shape[1]:])), 1)
         full, _ = run(model, out, attention_mask=full_mask)
@@ -68,6 +142,7 @@ def kv_cache(model, *, seed: int = 0, max_examples: int | None = None) -> Proper
 
     def describe(example):
         (x, mask), n_new = example
-        return f"prompt={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}") + f" new tokens={n_new}"
+        return _describe_prompt(x, mask) + f" new tokens={n_new}"
 
-    return search(NAME, LOGIT_RTOL, strategy, measure, describe, seed=seed, max_examples=max_examples)
+    return search(NAME, LOGIT_RTOL, strategy, measure, describe, seed=seed, max_examples=max_examples,
+                  info=lambda: "decoded through generate (greedy)")

@@ -10,7 +10,7 @@ token's position counts only the real tokens before it, so left padding moves no
 from __future__ import annotations
 
 from harness.adapters.protocol import check_protocol, run
-from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
+from properties.checks._common import LOGIT_RTOL, fmt, hook_gap, max_len, prepare, scaled_deviation
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches
 
@@ -23,12 +23,13 @@ def _strategy(cfg):
     return padded_batches(cfg.d_vocab, max_batch=2, max_len=max(1, n * 3 // 5), max_pad=max(1, n - n * 3 // 5))
 
 
-def padding_outputs(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+def padding_outputs(model, *, seed: int = 0, max_examples: int | None = None,
+                    observed: set[str] | None = None) -> PropertyResult:
     """Logits at real positions of a padded batch equal each row's unpadded logits."""
-    check_protocol(model)
+    check_protocol(model, hooks=False)
     cfg = model.cfg
     if cfg.n_ctx < 2:
-        return PropertyResult.not_applicable(OUTPUTS, LOGIT_RTOL)
+        return PropertyResult.not_applicable(OUTPUTS, LOGIT_RTOL, "n_ctx < 2")
 
     def measure(batch):
         padded, _ = run(model, batch.tokens, attention_mask=batch.mask)
@@ -46,13 +47,17 @@ def padding_outputs(model, *, seed: int = 0, max_examples: int | None = None) ->
                   seed=seed, max_examples=max_examples)
 
 
-def padding_pattern(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+def padding_pattern(model, *, seed: int = 0, max_examples: int | None = None,
+                    observed: set[str] | None = None) -> PropertyResult:
     """No real query's ``hook_pattern`` row puts weight on a padded key, in any layer or head."""
-    check_protocol(model)
+    check_protocol(model, hooks=False)
     cfg = model.cfg
     if cfg.n_ctx < 2:
-        return PropertyResult.not_applicable(PATTERN, 0.0)
+        return PropertyResult.not_applicable(PATTERN, 0.0, "n_ctx < 2")
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
+    gap = hook_gap(model, names, prepare(model, observed))
+    if gap:
+        return PropertyResult.unobservable(PATTERN, 0.0, gap)
 
     def measure(batch):
         _, acts = run(model, batch.tokens, attention_mask=batch.mask, capture=names)

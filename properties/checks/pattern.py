@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import check_protocol, run
-from properties.checks._common import fmt, max_len
+from properties.checks._common import fmt, hook_gap, max_len, prepare
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches, token_batches
 
@@ -19,11 +19,15 @@ NAME = "pattern_distribution"
 TOLERANCE = 1e-5
 
 
-def pattern_distribution(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+def pattern_distribution(model, *, seed: int = 0, max_examples: int | None = None,
+                         observed: set[str] | None = None) -> PropertyResult:
     """Every real query's ``hook_pattern`` row is non-negative and sums to 1, with or without padding."""
-    check_protocol(model)
+    check_protocol(model, hooks=False)
     cfg = model.cfg
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
+    gap = hook_gap(model, names, prepare(model, observed))
+    if gap:
+        return PropertyResult.unobservable(NAME, TOLERANCE, gap)
     n = max_len(cfg)
     unpadded = token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))
     strategies = [unpadded]

@@ -18,9 +18,10 @@ from properties.strategies import permutations, token_batches
 NAME = "permutation_equivariance"
 
 
-def permutation_equivariance(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+def permutation_equivariance(model, *, seed: int = 0, max_examples: int | None = None,
+                             observed: set[str] | None = None) -> PropertyResult:
     """``f(x[:, pi]) == f(x)[:, pi]`` for models with no positional embedding and bidirectional attention."""
-    check_protocol(model)
+    check_protocol(model, hooks=False)
     cfg = model.cfg
     if cfg.positional_embedding_type != "none" or cfg.attention_dir != "bidirectional" or cfg.n_ctx < 2:
         return PropertyResult.not_applicable(NAME, LOGIT_RTOL)

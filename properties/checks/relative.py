@@ -6,8 +6,12 @@
   Offsets reach ``MAX_OFFSET = 256`` or as far as positions stay < n_ctx (the protocol's
   context): float32 rotary angles at position p carry an absolute error ~p * 2^-24 < 2e-5 rad
   there, far below ``_common.LOGIT_RTOL``.
-- ``rotary_norm``: RoPE rotates pairs, so ``|rot_q| == |q|`` and ``|rot_k| == |k|`` for every head
-  and position; relative tolerance 1e-5 (a float32 rotation changes a norm by ~3 * 2^-24).
+- ``rotary_norm`` (metamorphic): RoPE rotates pairs by angles set by the position alone, so the same
+  layer-0 input at two position offsets gives the same ``|hook_rot_q|``/``|hook_rot_k|`` per head and
+  position; with a declared ``cfg.rotary_style`` each rotated pair's norm, with a declared
+  ``cfg.rotary_dim`` the pass-through dims unchanged. Comparing two rotations (not rotation vs
+  ``hook_q``) lets q/k-norm between ``hook_q`` and the rotation (Qwen3) pass. Relative tolerance 1e-5
+  of the head vector's norm (a float32 rotation changes a norm by ~3 * 2^-24).
 - ``sinusoidal_shift``: Vaswani et al. 2017 §3.5 chose sinusoids because PE(pos + k) is a
   fixed rotation R(k) of PE(pos); rotations keep inner products, so the Gram matrix of
   ``hook_pos_embed`` is the same at every position offset. This needs no knowledge of the
@@ -18,10 +22,12 @@
 
 from __future__ import annotations
 
+import torch
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import check_protocol, run
-from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
+from properties.checks import design
+from properties.checks._common import LOGIT_RTOL, fmt, hook_gap, max_len, prepare, scaled_deviation
 from properties.search import PropertyResult, search
 from properties.strategies import position_offsets, token_batches
 
@@ -51,9 +57,10 @@ def _describe(example) -> str:
     return f"tokens={x.tolist()} position_offset={offset}"
 
 
-def relative_position(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+def relative_position(model, *, seed: int = 0, max_examples: int | None = None,
+                      observed: set[str] | None = None) -> PropertyResult:
     """``forward(tokens, position_offset=c) == forward(tokens)`` for rotary, ALiBi and position-free models."""
-    check_protocol(model)
+    check_protocol(model, hooks=False)
     cfg = model.cfg
     if cfg.positional_embedding_type not in ("rotary", "alibi", "none") or cfg.n_ctx < 2:
         return PropertyResult.not_applicable(RELATIVE, LOGIT_RTOL)
@@ -69,41 +76,82 @@ def relative_position(model, *, seed: int = 0, max_examples: int | None = None) 
     return search(RELATIVE, LOGIT_RTOL, strategy, measure, _describe, seed=seed, max_examples=max_examples)
 
 
-def rotary_norm(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
-    """``|hook_rot_q| == |hook_q|`` and ``|hook_rot_k| == |hook_k|`` per head and position (rotary models)."""
-    check_protocol(model)
+def rotary_norm(model, *, seed: int = 0, max_examples: int | None = None,
+                observed: set[str] | None = None) -> PropertyResult:
+    """The same layer-0 input at two offsets gives equal ``|hook_rot_q|``, ``|hook_rot_k|`` per head and position."""
+    check_protocol(model, hooks=False)
     cfg = model.cfg
     if cfg.positional_embedding_type != "rotary":
-        return PropertyResult.not_applicable(ROTARY_NORM, NORM_RTOL)
-    pairs = [(f"blocks.{layer}.attn.hook_{a}", f"blocks.{layer}.attn.hook_rot_{a}", layer, a)
-             for layer in range(cfg.n_layers) for a in ("q", "k")]
-    strategy = _tokens_and_offset(cfg, 0, MAX_OFFSET)
+        return PropertyResult.not_applicable(ROTARY_NORM, NORM_RTOL, f"positional_embedding_type="
+                                             f"{cfg.positional_embedding_type!r}")
+    observed = prepare(model, observed)
+    names = ["blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"]
+    gap = hook_gap(model, names, observed)
+    if gap:
+        return PropertyResult.unobservable(ROTARY_NORM, NORM_RTOL, gap)
+    dim, style = design.rotary_layout(cfg)
+    # feeding the second run the first run's layer-0 input makes "the same input" literal, so an
+    # absolute position leak (relative_position's business) cannot pose as a norm change
+    resid = "blocks.0.hook_resid_pre"
+    patchable = hook_gap(model, [resid], observed) is None
+    longest = max(1, min(max_len(cfg), cfg.n_ctx - 1))
+
+    @st.composite
+    def strategy(draw):
+        x = draw(token_batches(cfg.d_vocab, max_batch=2, max_len=longest))
+        top = max(1, min(MAX_OFFSET, cfg.n_ctx - x.shape[1]))
+        second = draw(position_offsets(top, min_offset=1))
+        return x, draw(st.integers(0, second - 1)), second
+
+    def norms(t):
+        t = t.double()
+        whole = t.norm(dim=-1)  # [batch, pos, heads]
+        turned = (design.pair_norms(t, dim, style) if style is not None
+                  else t[..., :dim].norm(dim=-1, keepdim=True))
+        return whole, turned, t[..., dim:]
 
     def measure(example):
-        x, offset = example
-        _, acts = run(model, x, position_offset=offset, capture=[n for p in pairs for n in p[:2]])
+        x, first, second = example
+        _, a = run(model, x, position_offset=first, capture=names + ([resid] if patchable else []))
+        _, b = run(model, x, position_offset=second, capture=names,
+                   patch={resid: a[resid]} if patchable else None)
         worst, where = 0.0, "norms kept"
-        for plain, rotated, layer, which in pairs:
-            before = acts[plain].double().norm(dim=-1)  # [batch, pos, heads]
-            after = acts[rotated].double().norm(dim=-1)
-            err = ((after - before).abs() / before.clamp(min=1e-12)).nan_to_num(nan=float("inf"))
+        for name, which in zip(names, ("q", "k"), strict=True):
+            whole, turned_a, kept_a = norms(a[name])
+            _, turned_b, kept_b = norms(b[name])
+            denom = whole.clamp(min=1e-12)[..., None]
+            err = torch.cat(((turned_b - turned_a).abs() / denom, (kept_b - kept_a).abs() / denom), -1)
+            err = err.nan_to_num(nan=float("inf")).amax(-1)  # [batch, pos, heads]
             if float(err.max()) > worst:
                 worst = float(err.max())
-                b, p, h = (int(i) for i in (err == err.max()).nonzero()[0])
-                where = (f"layer {layer} {which}, head {h} pos {p} (row {b}): |rot| {fmt(float(after[b, p, h]))} "
-                         f"vs |{which}| {fmt(float(before[b, p, h]))}")
+                bi, p, h = (int(i) for i in (err == err.max()).nonzero()[0])
+                seen, before = float(b[name][bi, p, h].norm()), float(a[name][bi, p, h].norm())
+                where = (f"layer 0 {which}, head {h} pos {p} (row {bi}): |rot_{which}| {fmt(seen)} at offset "
+                         f"{second} vs {fmt(before)} at offset {first}")
         return worst, where
 
-    return search(ROTARY_NORM, NORM_RTOL, strategy, measure, _describe, seed=seed, max_examples=max_examples)
+    def describe(example):
+        x, first, second = example
+        return f"tokens={x.tolist()} position_offsets={first},{second}"
+
+    layout = f"rotary_dim={dim}, " + (f"{style} pairs" if style else "pair layout undeclared: whole-vector norms")
+    if not patchable:
+        layout += "; layer-0 input not patched (hook_resid_pre unobserved)"
+    return search(ROTARY_NORM, NORM_RTOL, strategy(), measure, describe, seed=seed, max_examples=max_examples,
+                  info=lambda: layout)
 
 
-def sinusoidal_shift(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
+def sinusoidal_shift(model, *, seed: int = 0, max_examples: int | None = None,
+                     observed: set[str] | None = None) -> PropertyResult:
     """The Gram matrix of ``hook_pos_embed`` does not change with ``position_offset`` (sinusoidal models)."""
-    check_protocol(model)
+    check_protocol(model, hooks=False)
     cfg = model.cfg
     if cfg.positional_embedding_type != "sinusoidal" or cfg.n_ctx < 3:
         return PropertyResult.not_applicable(SINUSOIDAL, GRAM_RTOL)
     name = "hook_pos_embed"
+    gap = hook_gap(model, [name], prepare(model, observed))
+    if gap:
+        return PropertyResult.unobservable(SINUSOIDAL, GRAM_RTOL, gap)
     strategy = _tokens_and_offset(cfg, 1, 64, max_batch=1, min_len=2)
 
     def measure(example):

@@ -1,14 +1,19 @@
-"""Scaled dot-product scores: ``hook_attn_scores = q.k / sqrt(d_head) + mask + bias(i - j)``.
+"""Scaled dot-product scores, as the model declares them: ``hook_attn_scores = cap(s * q.k) + mask + bias``.
 
-Vaswani et al. 2017 §3.2.1 (eq. 1) scale the dot products by 1/sqrt(d_k); q and k are read
-from ``hook_q``/``hook_k`` (``hook_rot_q``/``hook_rot_k`` after RoPE, Su et al. 2021).
-Allowed entries (causal: key <= query) must equal q.k/sqrt(d_head) plus a bias that may
-depend only on the head and the query–key offset (ALiBi, Press et al. 2022; zero for every
-other positional type): the bias is estimated as the mean residual on each diagonal and
-the deviation is what that leaves, over ``max(1, max|q.k/sqrt(d_head)|, max|bias|)``.
-Tolerance 1e-4: the two float32 dot products differ by summation order, ~d_head * 2^-24
-relative. Masked entries must be <= -1e4 (their softmax weight then underflows to 0);
-a masked entry above that counts as its excess over -1e4.
+Vaswani et al. 2017 §3.2.1 (eq. 1) scale the dot products by 1/sqrt(d_k); a model may declare
+another factor ``s`` per layer (``cfg.attn_scales``/``attn_scale``, see ``design``), e.g. Gemma 2's
+``query_pre_attn_scalar**-0.5``, and a soft-cap ``cap(x) = c * tanh(x / c)`` (``cfg.attn_softcap``).
+q and k are read from ``hook_q``/``hook_k`` (``hook_rot_q``/``hook_rot_k`` after RoPE, Su et al. 2021).
+Allowed entries (causal: key <= query; inside a declared sliding window) must equal that plus
+the ALiBi bias (Press et al. 2022) for ALiBi models, zero otherwise. ALiBi ``"relative"`` is
+``-m_h |i - j|`` and compared exactly; ``"absolute_key"`` (Bloom's ``m_h * j``) differs from it by a
+per-query constant that softmax cannot see, so there residuals are compared after subtracting
+their mean over each query's allowed keys. The deviation is over
+``max(1, max|s * q.k|, max|bias|)``. Tolerance 1e-4: the two float32 dot products differ by
+summation order, ~d_head * 2^-24 relative. Masked entries must be <= -1e4 (their softmax weight
+then underflows to 0); a masked entry above that counts as its excess over -1e4.
+
+The row's reason reports the scale measured by least squares against 1/sqrt(d_head), as information.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import torch
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import all_heads, check_protocol, run
-from properties.checks._common import fmt, max_len
+from properties.checks import design
+from properties.checks._common import fmt, hook_gap, max_len, prepare
 from properties.search import PropertyResult, search
 from properties.strategies import position_offsets, token_batches
 
@@ -29,24 +35,38 @@ MASK_CEILING = -1e4
 MAX_OFFSET = 64
 
 
-def _diagonal_bias(resid: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Per head, the mean of ``resid [batch, heads, q, k]`` over each diagonal q - k, as ``[heads, q, k]``."""
-    n_q, n_k = allowed.shape
-    offset = torch.arange(n_q)[:, None] - torch.arange(n_k)[None, :]
-    bias = resid.new_zeros(resid.shape[1:])
-    for d in offset[allowed].unique().tolist():
-        sel = (offset == d) & allowed
-        bias[:, sel] = resid[:, :, sel].mean(dim=(0, 2))[:, None]
-    return bias
+def _row_centered(x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``x [batch, heads, q, k]`` minus its mean over each query's allowed keys (0 where not allowed)."""
+    count = allowed.sum(-1, keepdim=True).clamp(min=1)
+    x = x.where(allowed, x.new_zeros(()))
+    return (x - x.sum(-1, keepdim=True) / count).where(allowed, x.new_zeros(()))
 
 
-def attention_scale(model, *, seed: int = 0, max_examples: int | None = None) -> PropertyResult:
-    """``hook_attn_scores`` is q.k/sqrt(d_head) plus the mask plus a bias of the query–key offset only."""
-    check_protocol(model)
+def _alibi(cfg, n: int, offset: int) -> tuple[torch.Tensor, bool]:
+    """The expected ALiBi bias ``[heads, q, k]`` and whether it is taken modulo a per-query constant."""
+    slopes, style = design.alibi_design(cfg)
+    idx = torch.arange(n, dtype=torch.float64)
+    if style == "absolute_key":
+        return slopes[:, None, None] * (offset + idx)[None, None, :].expand(-1, n, -1), True
+    return -slopes[:, None, None] * (idx[:, None] - idx[None, :]).abs(), False
+
+
+def attention_scale(model, *, seed: int = 0, max_examples: int | None = None,
+                    observed: set[str] | None = None) -> PropertyResult:
+    """``hook_attn_scores`` is the declared cap(scale * q.k) plus the mask plus the declared ALiBi bias."""
+    check_protocol(model, hooks=False)
     cfg = model.cfg
     pos_type = cfg.positional_embedding_type
     qn, kn = ("hook_rot_q", "hook_rot_k") if pos_type == "rotary" else ("hook_q", "hook_k")
     names = {layer: [f"blocks.{layer}.attn.{h}" for h in (qn, kn, "hook_attn_scores")] for layer in range(cfg.n_layers)}
+    gap = hook_gap(model, [n for v in names.values() for n in v], prepare(model, observed))
+    if gap:
+        return PropertyResult.unobservable(NAME, TOLERANCE, gap)
+    scales = [design.attn_scale(cfg, layer) for layer in range(cfg.n_layers)]
+    cap = design.softcap(cfg)
+    if pos_type == "alibi":
+        design.alibi_design(cfg)  # a bad declaration is an error before any work
+    fit = {layer: [0.0, 0.0] for layer in names}  # least-squares sums: sum(score * qk), sum(qk^2)
     n_max = max_len(cfg)
 
     @st.composite
@@ -58,25 +78,38 @@ def attention_scale(model, *, seed: int = 0, max_examples: int | None = None) ->
         x, offset = example
         _, acts = run(model, x, position_offset=offset, capture=[n for v in names.values() for n in v])
         n = x.shape[1]
-        allowed = torch.ones(n, n, dtype=torch.bool)
-        if cfg.attention_dir == "causal":
-            allowed = allowed.tril()
         worst, where = 0.0, "scores match"
         for layer, (q_name, k_name, s_name) in names.items():
+            allowed = design.allowed_keys(cfg, layer, n)
             q = all_heads(acts[q_name].double(), cfg.n_heads)
             k = all_heads(acts[k_name].double(), cfg.n_heads)
             scores = acts[s_name].double()  # [batch, n_heads, q, k]
-            expected = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(cfg.d_head)
-            resid = (scores - expected).where(allowed, scores.new_zeros(()))
-            bias = _diagonal_bias(resid, allowed) if pos_type == "alibi" else torch.zeros_like(resid[0])
-            scale = max(1.0, float(expected[..., allowed].abs().max()), float(bias.abs().max()))
-            err = ((resid - bias).abs() / scale).where(allowed, resid.new_zeros(())).nan_to_num(nan=math.inf)
+            qk = torch.einsum("bqhd,bkhd->bhqk", q, k)
+            expected = qk * scales[layer]
+            if cap is not None:
+                expected = cap * torch.tanh(expected / cap)
+            bias, modulo_query = (_alibi(cfg, n, offset) if pos_type == "alibi"
+                                  else (torch.zeros(cfg.n_heads, n, n, dtype=torch.float64), False))
+            resid = (scores - expected - bias).where(allowed, scores.new_zeros(()))
+            target = scores - bias
+            if modulo_query:
+                resid, target, qk = (_row_centered(t, allowed) for t in (resid, target, qk))
+            if cap is None:
+                sel = allowed.expand_as(qk) & torch.isfinite(target)
+                fit[layer][0] += float((target[sel] * qk[sel]).sum())
+                fit[layer][1] += float(qk[sel].square().sum())
+            # the bias as softmax sees it: centered per query where a per-query constant is invisible
+            seen = _row_centered(bias.expand_as(scores), allowed) if modulo_query else bias.expand_as(scores)
+            scale = max(1.0, float(expected[..., allowed].abs().max()), float(seen[..., allowed].abs().max()))
+            err = (resid.abs() / scale).where(allowed, resid.new_zeros(())).nan_to_num(nan=math.inf)
             if float(err.max()) > worst:
                 worst = float(err.max())
                 b, h, i, j = (int(t) for t in (err == err.max()).nonzero()[0])
                 where = (f"layer {layer} head {h} (q {i}, k {j}, row {b}): score {fmt(float(scores[b, h, i, j]))}, "
-                         f"q.k/sqrt(d_head) {fmt(float(expected[b, h, i, j]))}"
-                         + (f", diagonal bias {fmt(float(bias[h, i, j]))}" if pos_type == "alibi" else ""))
+                         f"expected {fmt(float(expected[b, h, i, j] + bias[h, i, j]))} "
+                         f"(q.k * {fmt(scales[layer])}" + (f", soft-cap {fmt(cap)}" if cap is not None else "")
+                         + (f", ALiBi bias {fmt(float(bias[h, i, j]))}" if pos_type == "alibi" else "") + ")"
+                         + (" modulo a per-query constant" if modulo_query else ""))
             masked = scores.where(~allowed, scores.new_full((), -math.inf)).nan_to_num(nan=math.inf)
             excess = float(masked.max()) - MASK_CEILING
             if excess > worst:
@@ -90,4 +123,23 @@ def attention_scale(model, *, seed: int = 0, max_examples: int | None = None) ->
         x, offset = example
         return f"tokens={x.tolist()} position_offset={offset}"
 
-    return search(NAME, TOLERANCE, strategy(), measure, describe, seed=seed, max_examples=max_examples)
+    def info() -> str:
+        textbook = 1.0 / math.sqrt(cfg.d_head)
+        measured = [num / den if den > 0 else math.nan for num, den in fit.values()]
+        parts = [f"1/sqrt(d_head)={fmt(textbook)}", "declared scale " + _per_layer_text(scales)]
+        if cap is None:
+            parts.append("measured " + _per_layer_text(measured) + " = "
+                         + _per_layer_text([m / textbook for m in measured]) + " x 1/sqrt(d_head)")
+        else:
+            parts.append(f"soft-cap {fmt(cap)} (no linear fit)")
+        if pos_type == "alibi":
+            parts.append(f"ALiBi {design.alibi_design(cfg)[1]}")
+        return "; ".join(parts)
+
+    return search(NAME, TOLERANCE, strategy(), measure, describe, seed=seed, max_examples=max_examples, info=info)
+
+
+def _per_layer_text(values: list[float]) -> str:
+    if len({fmt(v) for v in values}) == 1:
+        return fmt(values[0])
+    return "[" + ", ".join(fmt(v) for v in values) + "]"

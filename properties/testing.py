@@ -1,0 +1,46 @@
+"""Assertions for a project's own test suite: the property suite as one pytest-friendly call.
+
+A three-line pytest test (the model is yours; a plain ``nn.Module`` needs ``cfg=...``)::
+
+    def test_my_attention_is_correct():
+        import properties.testing
+        properties.testing.assert_properties(build_my_model(), max_examples=25)
+
+A failed property raises ``AssertionError`` listing each one with its shrunk counterexample;
+n/a rows never fail, unobservable rows (a hook the property needs never fires) do not fail
+unless ``allow_unobservable=False``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pandas as pd
+
+from harness.adapters.protocol import AnyModel
+from properties.suite import check_model
+
+
+def assert_properties(model: AnyModel, properties: Optional[list[str]] = None, seed: int = 0,
+                      max_examples: Optional[int] = None, *, allow_unobservable: bool = True,
+                      **kw: Any) -> pd.DataFrame:
+    """Run :func:`properties.check_model` and raise AssertionError if any property failed.
+
+    ``properties``, ``seed``, ``max_examples`` and ``**kw`` (e.g. ``cfg=`` for a plain module)
+    go to :func:`properties.check_model`. With ``allow_unobservable=False`` an unobservable row
+    fails too (its reason names the silent hook). Returns the table when nothing failed.
+    """
+    if not isinstance(allow_unobservable, bool):
+        raise TypeError(f"allow_unobservable={allow_unobservable!r} is invalid: expected True or False")
+    table = check_model(model, seed=seed, max_examples=max_examples, properties=properties, **kw)
+    bad = table[table.status == "fail"]
+    lines = [f"- {r.property}: worst {r.worst:.3g} > tolerance {r.tolerance:.3g}; counterexample: "
+             f"{r.counterexample}" for r in bad.itertuples()]
+    if not allow_unobservable:
+        silent = table[table.status == "unobservable"]
+        lines += [f"- {r.property}: unobservable: {r.reason}" for r in silent.itertuples()]
+    if lines:
+        checked = int(table.status.isin(["pass", "fail"]).sum())
+        raise AssertionError(f"{len(lines)} of {len(table)} properties failed ({checked} checked, seed={seed}):\n"
+                             + "\n".join(lines))
+    return table
