@@ -62,9 +62,19 @@ def _config_file(path: Path) -> Path:
     return config
 
 
-def _auto_classes() -> tuple[Any, ...]:
+def _auto_classes(config: Any) -> tuple[Any, ...]:
+    """The Auto classes to try, in order: the head the config names (``architectures``, written by
+    save_pretrained), else a causal LM head, except that a model type with both heads (BERT-style
+    encoders, whose causal head is a decoder variant) gets its masked LM head unless ``is_decoder``."""
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+    names = getattr(config, "architectures", None) or []
+    if any(str(n).endswith("ForMaskedLM") for n in names):
+        return AutoModelForMaskedLM, AutoModelForCausalLM
+    encoder = config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+    if not names and encoder:
+        return AutoModelForMaskedLM, AutoModelForCausalLM
     return AutoModelForCausalLM, AutoModelForMaskedLM
 
 
@@ -85,7 +95,7 @@ def load_hf(path: str | os.PathLike, seed: int = 0) -> tuple[Any, dict[str, Any]
         raise ValueError(f"{config_file} is not a config transformers can read: {' '.join(str(exc).split())[:300]}") \
             from None
     errors = []
-    for auto in _auto_classes():  # a causal LM head first, then a masked LM head (BERT-style encoders)
+    for auto in _auto_classes(config):  # a causal LM head first, then a masked LM head (BERT-style encoders)
         try:
             if weights:
                 model = auto.from_pretrained(str(folder), local_files_only=True)

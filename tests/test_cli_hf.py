@@ -100,6 +100,19 @@ def test_probe_config_only_with_task_then_report(models, tmp_path):
     assert f"The property suite has not run yet: `attnlab check --hf {card_path(out)} --out" in md
 
 
+@pytest.mark.parametrize(("is_decoder", "expected"), [(False, "BertForMaskedLM"), (True, "BertLMHeadModel")])
+def test_encoder_config_gets_its_masked_lm_head(tmp_path, is_decoder, expected):
+    from transformers import BertConfig
+
+    from reports import external
+
+    BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+               max_position_embeddings=32, is_decoder=is_decoder).to_json_file(str(tmp_path / "config.json"))
+    ext = external.open_model(hf=str(tmp_path / "config.json"))
+    assert ext.card["class"] == expected and ext.card["adapter"] == "HFAdapter(bert, attention_interface)"
+    assert ext.model.cfg.attention_dir == ("causal" if is_decoder else "bidirectional")
+
+
 def test_text_is_tokenized_by_the_saved_tokenizer(models, tmp_path):
     from reports import external
 
