@@ -28,14 +28,20 @@ def falcon_output_attentions_leaks_future() -> str:
     """
     model = build("falcon")
     plain = (_logits(model, SECOND) - _logits(model, FIRST))[0, 0].abs().max()
+    masks = []
+    attn = model.transformer.h[0].self_attention
+    handle = attn.register_forward_pre_hook(lambda m, a, kw: masks.append(kw["attention_mask"].dtype), with_kwargs=True)
     with torch.no_grad():
         a = model(input_ids=FIRST, output_attentions=True)
         b = model(input_ids=SECOND, output_attentions=True)
+    handle.remove()
     leak = (b.logits - a.logits)[0, 0].abs().max()
     future = a.attentions[0][0, :, 0, 1].max()
     assert float(plain) == 0.0 and float(leak) > 1e-6 and float(future) > 0.0, (plain, leak, future)
+    assert masks[0] == torch.bool, masks  # the mask its eager branch adds to the scores
     return (f"position 0's logits move by {float(leak):.3g} when token 1 changes under output_attentions=True "
-            f"(0 without); query 0's weight on key 1: {float(future):.3g}")
+            f"(0 without); query 0's weight on key 1: {float(future):.3g}; the mask added to the scores is "
+            f"{masks[0]}")
 
 
 def _bridge(arch):

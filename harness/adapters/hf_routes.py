@@ -36,8 +36,8 @@ FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm
 # Architectures listed in docs/models.md's route table (model_type as the HF config spells it).
 TABLE_ARCHS = ("bert", "bloom", "codegen", "cohere", "distilbert", "falcon", "gemma", "gemma2", "gemma3_text",
                "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox", "gptj", "granite", "llama", "mistral", "mpt",
-               "olmo", "olmo2", "openai-gpt", "opt", "phi", "phi3", "qwen2", "qwen3", "roberta", "stablelm",
-               "starcoder2", "xglm")
+               "olmo", "olmo2", "openai-gpt", "opt", "phi", "phi3", "qwen2", "qwen3", "roberta", "roformer",
+               "stablelm", "starcoder2", "xglm")
 
 
 def uses_interface(module: nn.Module) -> bool:
