@@ -10,9 +10,11 @@ validates those arguments itself and raises one ValueError/TypeError naming the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, get_args
 
+import torch
 from beartype import beartype
 from jaxtyping import AbstractArray
 
@@ -39,4 +41,14 @@ def shape_checker(fn: F) -> F:
     if not kept:
         return fn  # nothing to check: skip beartype's wrapper entirely
     fn.__annotations__ = kept
-    return beartype(fn)
+    checked = beartype(fn)
+
+    @functools.wraps(fn)
+    def check(*args: Any, **kwargs: Any) -> Any:
+        # torch.compile traces the model with fake tensors; beartype's checks inside a trace
+        # desynchronise Dynamo, so compiled calls are checked only by their eager twin.
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        return checked(*args, **kwargs)
+
+    return check  # type: ignore[return-value]
