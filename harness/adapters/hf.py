@@ -16,7 +16,7 @@ hooks its modules: wrap a model you do not need unwrapped afterwards, and wrap i
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from jaxtyping import Float, Int
@@ -33,6 +33,15 @@ ATTN_POINTS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_a
 
 
 class _Attn(nn.Module):
+    hook_q: HookPoint
+    hook_k: HookPoint
+    hook_v: HookPoint
+    hook_rot_q: HookPoint
+    hook_rot_k: HookPoint
+    hook_attn_scores: HookPoint
+    hook_pattern: HookPoint
+    hook_z: HookPoint
+
     def __init__(self) -> None:
         super().__init__()
         for name in ATTN_POINTS:  # q/k/v/rot/z: [batch, pos, n_heads, d_head]; scores/pattern: [batch, n_heads, q, k]
@@ -83,7 +92,14 @@ class HFAdapter(HookedRootModule):
     "module_hooks"); ``adapter.hf_model`` is the wrapped model.
     """
 
-    def __init__(self, hf_model: nn.Module):
+    # set in __init__/_install; Hugging Face module trees are untyped (nn.Module.__getattr__), so Any
+    hf_model: Any
+    _layers: Any
+    _attns: list[Any]
+    _outs: list[Any]
+    _handles: list[Any]
+
+    def __init__(self, hf_model: Any):
         super().__init__()
         if not _is_pretrained(hf_model):
             raise TypeError(f"HFAdapter expects a transformers.PreTrainedModel, got {type(hf_model).__name__}")
@@ -99,7 +115,7 @@ class HFAdapter(HookedRootModule):
         self.hf_model = hf_model.eval()
         self._layers, self._attns = layers, attns
         self._outs = [routes.out_projection(layer) for layer in layers]
-        d_head = self._head_dim(attns[0], config)
+        d_head = self._head_dim(cast(nn.Module, attns[0]), config)
         self._cfg = read_design(hf_model, attns, d_head)
         self.route = self._choose_route(hf_model, attns)
         if self.route == routes.MODULE_HOOKS and any(o is None for o in self._outs):
@@ -151,7 +167,7 @@ class HFAdapter(HookedRootModule):
         text = config.get_text_config()
         return int(text.hidden_size // text.num_attention_heads)
 
-    def _choose_route(self, hf_model: nn.Module, attns: list) -> str:
+    def _choose_route(self, hf_model: Any, attns: list) -> str:
         if not all(routes.uses_interface(a) for a in attns):
             return routes.MODULE_HOOKS
         current = hf_model.config._attn_implementation or "sdpa"
@@ -167,7 +183,7 @@ class HFAdapter(HookedRootModule):
     # ---- wiring the model's modules to the hook points -------------------------------------------------
     def _install(self) -> None:
         hf, cfg = self.hf_model, self._cfg
-        self._handles: list = []
+        self._handles = []
         self._handles.append(hf.get_input_embeddings().register_forward_hook(self._out_hook(self.hook_embed)))
         table = position_embedding_module(hf)
         if table is not None and cfg.positional_embedding_type in ("standard", "sinusoidal"):
@@ -177,12 +193,12 @@ class HFAdapter(HookedRootModule):
         self._table_ids: Optional[Tensor] = None
         self._offset_table = table is not None and "position_ids" not in self._params and \
             "position_ids" in inspect.signature(table.forward).parameters
-        if self._offset_table:
+        if self._offset_table and table is not None:
             self._handles.append(table.register_forward_pre_hook(self._table_hook, with_kwargs=True))
         norm = routes.final_norm(hf, self._layers)
         if norm is not None:
             self._handles.append(norm.register_forward_hook(self._out_hook(self.ln_final.hook_normalized)))
-        parts = zip(self._layers, self._attns, self._outs, self.blocks, strict=True)
+        parts = zip(self._layers, self._attns, self._outs, cast(list[_Block], list(self.blocks)), strict=True)
         for layer, (module, attn, out, block) in enumerate(parts):
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(block.hook_resid_pre),
                                                                   with_kwargs=True))
@@ -211,7 +227,7 @@ class HFAdapter(HookedRootModule):
     @staticmethod
     def _enter(tap: attention.LayerTap) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
-            module._attnlab_token = attention.CURRENT.set(tap)
+            module.__dict__["_attnlab_token"] = attention.CURRENT.set(tap)
         return hook
 
     @staticmethod
@@ -306,7 +322,7 @@ class HFAdapter(HookedRootModule):
         if "use_cache" in self._params:
             kwargs["use_cache"] = False
         if self.route == routes.MODULE_HOOKS and "output_attentions" in self._params and \
-                any(_busy(b.attn.hook_pattern) for b in self.blocks):
+                any(_busy(b.attn.hook_pattern) for b in cast(list[_Block], list(self.blocks))):
             kwargs["output_attentions"] = True
         try:
             return self.hf_model(input_ids=tokens, **kwargs).logits

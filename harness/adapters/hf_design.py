@@ -16,7 +16,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from torch import nn
 
@@ -189,7 +189,7 @@ def _rotary_dim(config: Any, attn: Optional[nn.Module], d_head: int) -> int:
     factor = _rope(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
     if factor is None:
         factor = getattr(config, "rotary_pct", 1.0)
-    return int(d_head * float(factor))
+    return int(d_head * float(cast(float, factor)))
 
 
 def _pos_offset(arch: str, hf_model: nn.Module) -> int:
@@ -219,6 +219,10 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
     if n_heads is None and hasattr(config, "attn_config"):
         n_heads = _int(config, "n_heads")
     d_model = _int(config, "hidden_size", "d_model", "n_embd")
+    if n_heads is None or d_model is None:
+        missing = "the number of attention heads" if n_heads is None else "the model width"
+        raise TypeError(f"architecture {arch!r}: its config names {missing} under no field the adapter knows "
+                        "(num_attention_heads/n_head/n_heads, hidden_size/d_model/n_embd)")
     n_kv = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv")
     if arch == "falcon" and not getattr(config, "new_decoder_architecture", False):
         n_kv = 1 if getattr(config, "multi_query", False) else n_heads
@@ -264,5 +268,5 @@ def design_of(hf_model: nn.Module) -> HFDesign:
     attns = [routes.attention_module(layer) for layer in layers] if layers is not None else []
     if not attns or any(a is None for a in attns):
         raise TypeError(f"{type(hf_model).__name__} has no stack of attention blocks to read a design from")
-    return read_design(hf_model, attns, HFAdapter._head_dim(attns[0], config))
+    return read_design(hf_model, attns, HFAdapter._head_dim(cast(nn.Module, attns[0]), config))
 

@@ -50,10 +50,11 @@ def softcap(cfg: Any) -> Optional[float]:
     if is_transformer_lens_cfg(cfg):  # TransformerLens names it attn_scores_soft_cap, <= 0 meaning none
         cap = float(getattr(cfg, "attn_scores_soft_cap", -1.0))
         return cap if cap > 0 else None
-    cap = getattr(cfg, "attn_softcap", None)
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
-        raise ValueError(f"cfg.attn_softcap={cap!r} is invalid: expected None or a number > 0")
-    return None if cap is None else float(cap)
+    declared = getattr(cfg, "attn_softcap", None)
+    if declared is not None and (isinstance(declared, bool) or not isinstance(declared, (int, float))
+                                 or not declared > 0):
+        raise ValueError(f"cfg.attn_softcap={declared!r} is invalid: expected None or a number > 0")
+    return None if declared is None else float(declared)
 
 
 def allowed_keys(cfg: Any, layer: int, n: int) -> Tensor:
