@@ -60,7 +60,9 @@ class Finding:
 _FALCON = ("Falcon (no ALiBi) under sdpa with output_attentions=True (HFAdapter passes it while a pattern hook is "
            "attached) takes its eager branch and adds sdpa's boolean mask to the scores (True +1, False +0) instead "
            "of masking (modeling_falcon.py FalconAttention.forward): the pattern and the output see future and "
-           "padded keys. A bug in transformers' Falcon, not in the adapter: the plain forward is causal.")
+           "padded keys. A bug in transformers' Falcon, not in the adapter: the plain forward is causal. The family of "
+           "transformers #29946 (Falcon's output differs under output_attentions=True, ALiBi) and #30652 (Llama's "
+           "eager fallback under output_attentions=True ran without its causal mask).")
 _OPENAI = ("TransformerLens's bridge for OpenAI GPT attends without a causal mask: its logits differ from the HF "
            "model's and position 0 depends on later tokens (the HF model does not).")
 _SCORES = ("TransformerLens's bridge fires hook_attn_scores with the post-softmax pattern (it equals hook_pattern), "
