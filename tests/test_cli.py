@@ -129,7 +129,8 @@ def test_train_writes_checkpoint_and_metrics(run):
 def test_check_prints_the_table_it_writes(run):
     out = run.results["check"].stdout
     table = pd.read_csv(run.run_dir / "properties.csv")
-    assert list(table.columns) == ["property", "applicable", "passed", "worst", "tolerance", "counterexample"]
+    assert list(table.columns) == ["property", "applicable", "passed", "worst", "tolerance", "counterexample",
+                                   "status", "reason"]
     for name in table["property"]:
         assert name in out
     applicable = table[table["applicable"]]

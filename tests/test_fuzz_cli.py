@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from harness import ModelConfig, TrainConfig, train
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
 from harness.train.config import OPTIMIZERS, SCHEDULES
+from harness.train.presets import PRESETS
 from harness.train.tasks import TASKS
 from reports.cli import cli
 from tests.fuzz_helpers import cli_error, fuzz_settings, install_summary, snapshot
@@ -115,6 +116,11 @@ OPTIONS = {
     "--seq-len": ("seq_len", st.one_of(bad_int(2), ints(17, 10**6))),  # > n_ctx=16 too
     "--n-key-value-heads": ("n_key_value_heads", st.one_of(bad_int(1), ints(3, 50))),  # n_heads=2: no divisor >= 3
     "--checkpoint-every": ("checkpoint_every", bad_int(1)),
+    "--temperature": ("temperature", floats_outside(0.0)),
+    "--alpha": ("alpha", floats_outside(0.0, 1.0, low_ok=True)),
+    "--preset": ("preset", bad_choice(tuple(PRESETS))),
+    "--head-mask": ("head_mask", st.sampled_from(["x", "1,1", "[[0,0]]", "[[2,1]]", "[[1],[1]]", "[]", "[[1,1,1]]"])),
+    "--distill-from": ("distill_from", st.just("/nonexistent-attnlab/teacher")),
     "--stop-after": ("stop_after", st.one_of(bad_int(1), ints(3, 10**6))),  # steps=2
     "--betas": ("betas", st.one_of(non_float(), st.sampled_from(["0.9", "0.9,0.99,0.9", "0.9,", ",0.9"]),
                                    st.tuples(st.sampled_from(["1.0", "-0.1", "nan", "2"]), st.sampled_from(["0.9"]))
@@ -142,6 +148,8 @@ def bad_train_args(draw):
         names = (option, f"{field}=", "task", "key=value") if option == "--task-option" else (option, f"{field}=")
         names += ("betas[",) if option == "--betas" else ()
         value = raw.split("=", 1)[0] if option == "--task-option" and "=" in raw else raw
+        if option == "--head-mask" and _parses(json.loads, raw):
+            value = str(json.loads(raw))  # the message spells the parsed grid: [[0, 0]]
         pair = raw.split(",")
         if option == "--betas" and len(pair) == 2 and all(_parses(float, v) for v in pair):
             value = pair[0]  # a pair of numbers with one out of range: the message names that element, betas[0]

@@ -62,7 +62,7 @@ def test_cli_unknown_preset_is_one_line_exit_2(tmp_path):
     result = CliRunner().invoke(cli, ["train", "--out", str(tmp_path / "r"), "--preset", "nope"])
     assert result.exit_code == 2
     err = result.stderr.strip()
-    assert len(err.splitlines()) == 1 and "unknown preset 'nope'" in err and "induction-wide" in err
+    assert len(err.splitlines()) == 1 and "preset='nope' is invalid: unknown preset" in err and "induction-wide" in err
     assert not (tmp_path / "r").exists()  # refused before any work
 
 

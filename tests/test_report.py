@@ -21,8 +21,8 @@ from reports import figures, render, rundata
 from reports.cluster import average_linkage
 
 SECTIONS = ("headline", "model", "training", "properties", "saturation", "heads")
-FIGURES = ("training", "saturation", "importance", "prune_curve", "similarity", "head_roles", "attention_entropy",
-           "patterns")
+FIGURES = ("training", "saturation", "importance", "prune_curve", "estimators", "similarity", "head_roles",
+           "attention_entropy", "patterns")
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 

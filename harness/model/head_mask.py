@@ -63,7 +63,8 @@ def normalize_head_mask(mask: Any) -> tuple[tuple[int, ...], ...]:
 def check_head_mask_shape(mask: tuple[tuple[int, ...], ...], n_layers: int, n_heads: int) -> None:
     shape = (len(mask), len(mask[0]))
     if shape != (n_layers, n_heads):
-        raise ValueError(f"head_mask of shape {list(shape)} is invalid: expected the model's "
+        grid = [list(r) for r in mask]
+        raise ValueError(f"head_mask={grid} of shape {list(shape)} is invalid: expected the model's "
                          f"[n_layers, n_heads] = [{n_layers}, {n_heads}]")
 
 

@@ -70,7 +70,7 @@ PRESETS: dict[str, Callable[[], tuple[ModelConfig, TrainConfig]]] = {
 def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
     """The ``(ModelConfig, TrainConfig)`` of preset ``name``; an unknown name lists the known ones."""
     if not isinstance(name, str) or name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}: expected one of {list(PRESETS)}")
+        raise ValueError(f"preset={name!r} is invalid: unknown preset, expected one of {list(PRESETS)}")
     return PRESETS[name]()
 
 
