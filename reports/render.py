@@ -259,21 +259,6 @@ def estimator_rows(df: Any) -> list[dict] | None:
     return rows
 
 
-def estimator_rows(df: Any) -> list[dict] | None:
-    """The estimator table: one row per method, its prunable fraction per budget as ``budgets``."""
-    if df is None:
-        return None
-    rows = []
-    for method, group in df.groupby("method", sort=False):
-        first = group.iloc[0]
-        rows.append({"method": method, "spearman": float(first["spearman"]), "kendall": float(first["kendall"]),
-                     "budgets": [(pct(b), pct(f)) for b, f in zip(group["budget"], group["prunable_fraction"],
-                                                                  strict=True)],
-                     "seconds": float(first["seconds"]),
-                     "passes": float(first["forward_passes"] + first["backward_passes"])})
-    return rows
-
-
 def card_rows(card: dict[str, Any]) -> list[tuple[str, Any]]:
     """The model card of a model from outside attnlab: where it came from, its adapter, then its design facts."""
     raw = card.get("design")
