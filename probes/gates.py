@@ -85,7 +85,7 @@ def run(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Option
     added = []
     try:
         for name, fn in hooks:
-            point = info.hook_points[name]
+            point = info.hook_points[name] if name in info.hook_points else model.hook_dict[name]
             added.append((point, point.add_hook(fn, dir="fwd")))
         return model(x, **kwargs)
     finally:

@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
+from probes import gates
 from probes._validate import model_info, takes_any_model
 from probes.gates import eval_mode, rows_per_pass
 
@@ -47,20 +48,6 @@ def _check(clean: object, corrupted: object, d_vocab: int, metric: object) -> tu
     if not callable(metric):
         raise TypeError(f"metric={metric!r} is invalid: expected a callable logits -> scalar tensor")
     return clean, corrupted
-
-
-def _forward(model: ProtocolModel, x: Tensor, hooks: list, **kwargs: Any) -> Tensor:
-    """One forward pass with temporary hooks added straight onto the HookPoints and removed after."""
-    added = []
-    try:
-        for name, fn in hooks:
-            point = model.hook_dict[name]
-            added.append((point, point.add_hook(fn, dir="fwd")))
-        return model(x, **kwargs)
-    finally:
-        for point, handle in added:
-            handle.hook.remove()
-            point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
 
 
 def _patch_fn(clean_resid: Tensor, positions: Sequence[int], b: int) -> Callable:
@@ -121,7 +108,7 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
         def saver(t: Tensor, hook: Any) -> None:
             store[hook.name] = t.detach().clone()
 
-        _forward(model, clean, [(resid_hook(x), saver) for x in layers])
+        gates.run(model, info, clean, None, [(resid_hook(x), saver) for x in layers])
         corrupt_resid: list[Tensor] = []
         if info.prefix_reuse:  # corrupted residual entering every layer, computed once
             corrupt_resid.append(model(corrupted, stop_at_layer=0))
@@ -133,9 +120,9 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
                 k = len(chunk)
                 hooks = [(resid_hook(layer), _patch_fn(store[resid_hook(layer)], chunk, b))]
                 if info.prefix_reuse:
-                    logits = _forward(model, corrupt_resid[layer].repeat(k, 1, 1), hooks, start_at_layer=layer)
+                    logits = gates.run(model, info, corrupt_resid[layer].repeat(k, 1, 1), None, hooks, start=layer)
                 else:
-                    logits = _forward(model, corrupted.repeat(k, 1), hooks)
+                    logits = gates.run(model, info, corrupted.repeat(k, 1), None, hooks)
                 for i, p in enumerate(chunk):
                     out[layer, p] = float(metric(logits[i * b:(i + 1) * b]))
     return out
