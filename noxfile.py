@@ -29,18 +29,19 @@ FUZZ = ["tests/test_fuzz_api.py", "tests/test_fuzz_cli.py", "tests/test_fuzz_mod
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties and not slow", "-q",
+    # two pytest-xdist workers: one per core of the 2-core machines CI runs on (benchmarks never run here)
+    session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties and not slow", "-q", "-n", "2",
                 "--ignore=tests/test_browser.py", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
 
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    session.run(PY, "-m", "pytest", "tests", "-m", "slow and not bench and not properties", "-q",
+    session.run(PY, "-m", "pytest", "tests", "-m", "slow and not bench and not properties", "-q", "-n", "2",
                 "--ignore=tests/test_browser.py", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
     # the full fuzz: 500 examples per search where the fast tier's ci profile runs 25
-    session.run(PY, "-m", "pytest", *FUZZ, "-m", "not slow", "-q", *session.posargs,
+    session.run(PY, "-m", "pytest", *FUZZ, "-m", "not slow", "-q", "-n", "2", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": "thorough"})
 
 
