@@ -47,7 +47,7 @@ def slow(session: nox.Session) -> None:
 
 @nox.session
 def properties(session: nox.Session) -> None:
-    session.run(PY, "-m", "pytest", "tests", "-m", "properties", "-q", *session.posargs,
+    session.run(PY, "-m", "pytest", "tests", "-m", "properties", "-q", "-n", "2", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
 
 
