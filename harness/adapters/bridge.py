@@ -14,12 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import torch
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 
-from harness._checks import check_int
-from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES
+from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES, wrapped_inputs
 
 
 @dataclass(frozen=True)
@@ -151,17 +149,7 @@ class BridgeAdapter(HookedRootModule):
 
     def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0) -> Tensor:
         cfg = self._cfg
-        if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
-            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
-        check_int("position_offset", position_offset, 0)
-        if attention_mask is None:
-            mask = torch.ones_like(tokens)
-        else:
-            if tuple(attention_mask.shape) != tuple(tokens.shape):
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
-                                 f"[batch, pos] = {tuple(tokens.shape)}")
-            mask = attention_mask.long()
+        mask = wrapped_inputs(tokens, attention_mask, position_offset)
         position_ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)
         if cfg.positional_embedding_type == "standard" and int(position_ids.max()) >= cfg.n_ctx:
             raise ValueError(f"position {int(position_ids.max())} is past the learned position table: "

@@ -24,10 +24,10 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from harness._checks import check_int
 from harness.adapters import hf_attention as attention
 from harness.adapters import hf_routes as routes
 from harness.adapters.hf_design import HFDesign, position_embedding_module, read_design
+from harness.adapters.protocol import wrapped_inputs
 
 ATTN_POINTS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores", "hook_pattern", "hook_z")
 
@@ -292,17 +292,7 @@ class HFAdapter(HookedRootModule):
     def forward(self, tokens: Int[Tensor, "batch pos"], attention_mask: Optional[Tensor] = None,  # noqa: F722
                 position_offset: int = 0) -> Float[Tensor, "batch pos d_vocab"]:  # noqa: F722
         cfg = self._cfg
-        if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
-            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
-        check_int("position_offset", position_offset, 0)
-        if attention_mask is None:
-            mask = torch.ones_like(tokens)
-        else:
-            if tuple(attention_mask.shape) != tuple(tokens.shape):
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
-                                 f"[batch, pos] = {tuple(tokens.shape)}")
-            mask = attention_mask.long()
+        mask = wrapped_inputs(tokens, attention_mask, position_offset)
         kwargs: dict[str, Any] = {"attention_mask": mask}
         ids = self.position_ids(mask, position_offset)
         if "position_ids" in self._params:

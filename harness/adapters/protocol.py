@@ -18,7 +18,7 @@ from torch import Tensor
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from harness._checks import is_int
+from harness._checks import check_int, is_int
 
 CFG_FIELDS = ("n_layers", "n_heads", "d_head", "d_model", "d_vocab", "n_ctx",
               "positional_embedding_type", "attention_dir")
@@ -378,3 +378,21 @@ class CachedDecoding(Protocol):
 def has_cached_decoding(model: Any) -> bool:
     """Whether ``model`` exposes :class:`CachedDecoding`'s method."""
     return callable(getattr(model, CACHED_DECODING, None))
+
+
+def wrapped_inputs(tokens: object, attention_mask: Optional[Tensor], position_offset: object) -> Tensor:
+    """The checks an adapter's ``forward`` makes before calling the wrapped model, and its mask.
+
+    ``tokens`` must be integer ids ``[batch, pos]``, ``position_offset`` an integer >= 0 and
+    ``attention_mask`` None (every token real) or of the tokens' shape; returns the mask as ``long``.
+    """
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
+    check_int("position_offset", position_offset, 0)
+    if attention_mask is None:
+        return torch.ones_like(tokens)
+    if tuple(attention_mask.shape) != tuple(tokens.shape):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
+                         f"[batch, pos] = {tuple(tokens.shape)}")
+    return attention_mask.long()
