@@ -13,13 +13,15 @@ import math
 from collections.abc import Iterable
 from typing import Any, Optional, TypeGuard
 
+from harness.errors import AttnlabError
+
 # torch.Generator.manual_seed takes at most 64 bits; 63 leaves room for derived seeds (seed + offset).
 MAX_SEED = 2**63 - 1
 
 
-def invalid(name: str, value: Any, expected: str) -> ValueError:
+def invalid(name: str, value: Any, expected: str) -> AttnlabError:
     """The one error message: ``{name}={value!r} is invalid: expected {expected}``."""
-    return ValueError(f"{name}={value!r} is invalid: expected {expected}")
+    return AttnlabError(f"{name}={value!r} is invalid: expected {expected}")
 
 
 def is_int(value: Any) -> TypeGuard[int]:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from harness.errors import AttnlabError, AttnlabTypeError
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -36,10 +38,10 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike) -> None:
         if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"run_dir must be a path, got {type(path).__name__}")
+            raise AttnlabTypeError(f"run_dir must be a path, got {type(path).__name__}")
         object.__setattr__(self, "path", Path(path))
 
-    # training (harness.train): the checkpoint swaps through .tmp and .old (harness.train.checkpoint)
+    # training (harness.train): the checkpoint swaps through .tmp and .old (harness.training.checkpoint)
     @property
     def checkpoint(self) -> Path:
         return self.path / "checkpoint"
@@ -159,7 +161,7 @@ def read_json(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} is missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is corrupt: invalid JSON ({exc})") from None
+        raise AttnlabError(f"{path} is corrupt: invalid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} is corrupt: expected a JSON object, got {type(data).__name__}")
+        raise AttnlabError(f"{path} is corrupt: expected a JSON object, got {type(data).__name__}")
     return data

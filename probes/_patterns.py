@@ -45,7 +45,7 @@ def stream(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, what: str 
             hooks = [(name(layer), _capture(seen, layer)) for layer in range(info.n_layers)]
             am = None if data.attention_mask is None else data.attention_mask[sl]
             with torch.no_grad():
-                gates.run(model, info, data.tokens[sl], am, hooks)
+                gates.hooked_pass(model, info, data.tokens[sl], am, hooks)
             yield sl, [seen[layer] for layer in range(info.n_layers)]
 
 

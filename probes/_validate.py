@@ -30,6 +30,7 @@ from harness._checks import (
 from harness.adapters.bridge import BridgeAdapter, is_bridge
 from harness.adapters.entry import adapt, describe
 from harness.adapters.protocol import AnyModel, check_protocol
+from harness.errors import AttnlabError, AttnlabTypeError
 
 METHODS = ("ablation", "mean_ablation", "gradient", "l0_gates")
 ORDERS = ("importance", "random")
@@ -89,11 +90,12 @@ class ModelInfo:
 def model_info(model: AnyModel, *, need_pattern: bool = False) -> ModelInfo:
     """Check ``model`` follows the model protocol far enough for the probes, and describe it."""
     if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "hooks", None)):
-        raise TypeError(f"model must be a hooked torch.nn.Module (HookedRootModule or TransformerBridge) with a "
-                        f"hooks() context manager, got {type(model).__name__}")
+        raise AttnlabTypeError(f"model must be a hooked torch.nn.Module (HookedRootModule or TransformerBridge) with a "
+                               f"hooks() context manager, got {type(model).__name__}")
     hook_dict = getattr(model, "hook_dict", None)
     if not isinstance(hook_dict, dict):
-        raise TypeError(f"model {type(model).__name__} has no hook_dict: expected a HookedRootModule with setup() "
+        raise AttnlabTypeError(f"model {type(model).__name__} has no hook_dict: expected a HookedRootModule "
+                               f"with setup() "
                         f"called, or a TransformerBridge")
     # The one protocol checker (cfg fields and values, hook_dict), on the adapter a bridge gets. No smoke
     # forward pass (forward=False): a probe refuses bad input before any forward pass, and it adapts to a
@@ -106,7 +108,8 @@ def model_info(model: AnyModel, *, need_pattern: bool = False) -> ModelInfo:
         needed += [pattern_hook(layer) for layer in range(values["n_layers"])]
     missing = [name for name in needed if name not in hook_dict]
     if missing:
-        raise TypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: the probes gate heads on "
+        raise AttnlabTypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: the probes "
+                               f"gate heads on "
                         f"blocks.{{l}}.attn.hook_z and read blocks.{{l}}.attn.hook_pattern")
     attention_dir = getattr(cfg, "attention_dir", "causal")
     try:
@@ -153,34 +156,34 @@ class ProbeData:
 
 def check_tokens(tokens: Any, d_vocab: int, *, min_pos: int = 1) -> None:
     if not isinstance(tokens, Tensor):
-        raise TypeError(f"tokens must be a torch.Tensor of token ids [n, pos], got {type(tokens).__name__}")
+        raise AttnlabTypeError(f"tokens must be a torch.Tensor of token ids [n, pos], got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise ValueError(f"tokens have dtype {tokens.dtype}: expected an integer dtype (token ids, e.g. torch.long)")
+        raise AttnlabError(f"tokens have dtype {tokens.dtype}: expected an integer dtype (token ids, e.g. torch.long)")
     if tokens.ndim != 2:
-        raise ValueError(f"tokens have shape {tuple(tokens.shape)} (rank {tokens.ndim}): expected rank 2 [n, pos]")
+        raise AttnlabError(f"tokens have shape {tuple(tokens.shape)} (rank {tokens.ndim}): expected rank 2 [n, pos]")
     if tokens.shape[0] < 1 or tokens.shape[1] < min_pos:
-        raise ValueError(f"tokens have shape {tuple(tokens.shape)}: expected at least 1 sequence and {min_pos} "
-                         f"position(s)")
+        raise AttnlabError(f"tokens have shape {tuple(tokens.shape)}: expected at least 1 sequence and {min_pos} "
+                           f"position(s)")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= d_vocab:
-        raise ValueError(f"token id {lo if lo < 0 else hi} is out of range: expected ids in [0, {d_vocab}) (d_vocab)")
+        raise AttnlabError(f"token id {lo if lo < 0 else hi} is out of range: expected ids in [0, {d_vocab}) (d_vocab)")
 
 
 def _check_binary(name: str, mask: Any, shape: tuple) -> Tensor:
     if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(mask).__name__}")
+        raise AttnlabTypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(mask).__name__}")
     if tuple(mask.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(mask.shape)}: expected {shape}, the shape of tokens")
+        raise AttnlabError(f"{name} has shape {tuple(mask.shape)}: expected {shape}, the shape of tokens")
     if mask.dtype.is_floating_point or mask.dtype.is_complex:
-        raise ValueError(f"{name} has dtype {mask.dtype}: expected bool or integer 0/1")
+        raise AttnlabError(f"{name} has dtype {mask.dtype}: expected bool or integer 0/1")
     if mask.dtype != torch.bool:
         if bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError(f"{name} has values other than 0 and 1: expected a 0/1 mask")
+            raise AttnlabError(f"{name} has values other than 0 and 1: expected a 0/1 mask")
         mask = mask.bool()
     return mask
 
 
-def prepare(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention_mask: Any = None,
+def probe_data(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention_mask: Any = None,
             need_loss: bool = True) -> ProbeData:
     """Validate tokens and masks and move them to the model's device.
 
@@ -191,7 +194,7 @@ def prepare(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention_ma
     shape = tuple(tokens.shape)
     am = None if attention_mask is None else _check_binary("attention_mask", attention_mask, shape)
     if am is not None and not info.takes_attention_mask:
-        raise ValueError("attention_mask was given but the model's forward takes no attention_mask argument")
+        raise AttnlabError("attention_mask was given but the model's forward takes no attention_mask argument")
     lm = None if loss_mask is None else _check_binary("loss_mask", loss_mask, shape)
     tokens = tokens.to(info.device, torch.long)
     am = None if am is None else am.to(info.device)
@@ -204,8 +207,8 @@ def prepare(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention_ma
     if am is not None:  # a prediction needs a real input token and a real target
         target = target & am[:, 1:] & am[:, :-1]
     if need_loss and not bool(target.any()):
-        raise ValueError("loss_mask selects no target: expected at least one position t >= 1 with loss_mask[:, t]=1 "
-                         "(and real tokens at t-1 and t)")
+        raise AttnlabError("loss_mask selects no target: expected at least one position t >= 1 with loss_mask[:, t]=1 "
+                           "(and real tokens at t-1 and t)")
     return ProbeData(tokens=tokens, attention_mask=am, weights=target.float())
 
 
@@ -221,7 +224,7 @@ def check_tolerance(tolerance: Any) -> float:
 def check_orders(order: Any) -> tuple[str, ...]:
     orders = (order,) if isinstance(order, str) else order
     if not isinstance(orders, (tuple, list)) or not orders:
-        raise ValueError(f"order={order!r} is invalid: expected one of {list(ORDERS)} or a sequence of them")
+        raise AttnlabError(f"order={order!r} is invalid: expected one of {list(ORDERS)} or a sequence of them")
     for o in orders:
         check_choice("order", o, ORDERS)
     return tuple(dict.fromkeys(orders))
@@ -235,13 +238,13 @@ def check_fractions(fractions: Any) -> tuple[float, ...]:
     if fractions is None:
         return tuple(i / 10 for i in range(11))
     if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
-        raise ValueError(f"fractions={fractions!r} is invalid: expected a non-empty sequence of numbers in [0, 1]")
+        raise AttnlabError(f"fractions={fractions!r} is invalid: expected a non-empty sequence of numbers in [0, 1]")
     values = tuple(fractions)
     if not values:
-        raise ValueError("fractions=() is invalid: expected a non-empty sequence of numbers in [0, 1]")
+        raise AttnlabError("fractions=() is invalid: expected a non-empty sequence of numbers in [0, 1]")
     for f in values:
         if not is_number(f) or math.isnan(f) or not 0 <= f <= 1:
-            raise ValueError(f"fraction {f!r} in fractions is invalid: expected a number in [0, 1]")
+            raise AttnlabError(f"fraction {f!r} in fractions is invalid: expected a number in [0, 1]")
     return tuple(float(f) for f in values)
 
 

@@ -30,8 +30,9 @@ from torch import Tensor
 
 from harness._checks import check_number, check_seed
 from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.errors import AttnlabError
 from probes import gates, l0_gates
-from probes._validate import ModelInfo, ProbeData, check_batch_size, model_info, prepare, takes_any_model
+from probes._validate import ModelInfo, ProbeData, check_batch_size, model_info, probe_data, takes_any_model
 from probes.importance import importance_scores, leave_one_out
 from probes.pruning import _cumulative_masks, _prunable, _random_order
 
@@ -124,16 +125,16 @@ def _check_methods(methods: Any) -> tuple[str, ...]:
     items = (methods,) if isinstance(methods, str) else methods
     if not isinstance(items, (tuple, list)) or not items or \
             any(not isinstance(m, str) or m not in ESTIMATORS for m in items):
-        raise ValueError(f"methods={methods!r} is invalid: expected a non-empty sequence of {list(ESTIMATORS)}")
+        raise AttnlabError(f"methods={methods!r} is invalid: expected a non-empty sequence of {list(ESTIMATORS)}")
     return tuple(dict.fromkeys(items))
 
 
 def _check_budgets(budgets: Any) -> tuple[float, ...]:
     if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Iterable):
-        raise ValueError(f"budgets={budgets!r} is invalid: expected a non-empty sequence of relative loss rises > 0")
+        raise AttnlabError(f"budgets={budgets!r} is invalid: expected a non-empty sequence of relative loss rises > 0")
     values = tuple(budgets)
     if not values:
-        raise ValueError("budgets=() is invalid: expected a non-empty sequence of relative loss rises > 0")
+        raise AttnlabError("budgets=() is invalid: expected a non-empty sequence of relative loss rises > 0")
     for b in values:
         check_number("budget", b, 0.0, expected="a finite relative loss rise > 0 (0.01 = 1%)")
     return tuple(dict.fromkeys(float(b) for b in values))
@@ -177,7 +178,7 @@ def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[T
     batch_size = check_batch_size(batch_size)
     info = model_info(model)
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
 

@@ -17,8 +17,9 @@ import torch
 from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.errors import AttnlabError
 from probes import _patterns
-from probes._validate import check_batch_size, check_threshold, model_info, prepare, takes_any_model
+from probes._validate import check_batch_size, check_threshold, model_info, probe_data, takes_any_model
 
 
 @takes_any_model
@@ -29,7 +30,7 @@ def attention_entropy(model: AnyModel, tokens: Tensor, *, threshold: float = 0.9
     batch_size = check_batch_size(batch_size)
     info = model_info(model, need_pattern=True)
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = prepare(info, tokens, attention_mask=attention_mask, need_loss=False)
+    data = probe_data(info, tokens, attention_mask=attention_mask, need_loss=False)
     L, H = info.n_layers, info.n_heads
     sums = torch.zeros(3, L, H, dtype=torch.float64, device=info.device)
     n_queries = 0.0
@@ -43,7 +44,7 @@ def attention_entropy(model: AnyModel, tokens: Tensor, *, threshold: float = 0.9
             for i, s in enumerate(stats):
                 sums[i, layer] += (s * w).sum((0, 2))
     if n_queries == 0:
-        raise ValueError("no query sees two or more real tokens: expected sequences of at least 2 real tokens")
+        raise AttnlabError("no query sees two or more real tokens: expected sequences of at least 2 real tokens")
     means = (sums / n_queries).cpu()
     return pd.DataFrame({
         "layer": torch.arange(L).repeat_interleave(H).numpy(),

@@ -67,7 +67,7 @@ def eval_mode(model: AnyModel) -> Iterator[None]:
             m.training = flag
 
 
-def run(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
+def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
         start: Optional[int] = None, stop: Optional[int] = None) -> Tensor:
     """One forward pass through the model protocol with temporary forward hooks.
 
@@ -184,17 +184,17 @@ def masked_stats(model: ProtocolModel, info: ModelInfo, data: ProbeData, masks: 
         for tok, am, w in _chunks(data, rows):
             resid: list[Tensor] = []
             if info.prefix_reuse and passes:  # residual entering each needed layer, under the base mask, once
-                resid.append(run(model, info, tok, am, [], stop=0))
+                resid.append(hooked_pass(model, info, tok, am, [], stop=0))
                 for layer in range(max(layer for layer, _ in passes)):
                     hooks = _layer_hooks(base[None], range(layer, layer + 1), means)
-                    resid.append(run(model, info, resid[layer], am, hooks, start=layer, stop=layer + 1))
+                    resid.append(hooked_pass(model, info, resid[layer], am, hooks, start=layer, stop=layer + 1))
             for layer, sel in passes:
                 kk = len(sel)
                 hooks = _layer_hooks(masks[sel], range(layer, L), means)
                 if info.prefix_reuse:
-                    logits = run(model, info, _repeat(resid[layer], kk), _repeat(am, kk), hooks, start=layer)
+                    logits = hooked_pass(model, info, _repeat(resid[layer], kk), _repeat(am, kk), hooks, start=layer)
                 else:
-                    logits = run(model, info, _repeat(tok, kk), _repeat(am, kk), hooks)
+                    logits = hooked_pass(model, info, _repeat(tok, kk), _repeat(am, kk), hooks)
                 nll, correct = token_nll(logits, tok, kk)
                 loss_sum[sel] += (nll * w).sum((1, 2)).double()
                 correct_sum[sel] += (correct.float() * w).sum((1, 2)).double()
@@ -225,7 +225,7 @@ def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_
             real = torch.ones(tok.shape, dtype=torch.float64, device=info.device) if am is None else am.double()
             count += real.sum(0)
             hooks = [(z_hook(layer), capture(layer, real)) for layer in range(info.n_layers)]
-            run(model, info, tok, am, hooks)
+            hooked_pass(model, info, tok, am, hooks)
     denom = count.clamp(min=1)[:, None, None]
     return torch.stack([sums[layer] / denom for layer in range(info.n_layers)]).float()
 
@@ -261,7 +261,7 @@ def gate_gradients(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, ba
         for tok, am, w in _chunks(data, rows_per_pass(batch_size, data.pos, info.device)):
             gates = torch.ones(tok.shape[0], L, H, device=info.device, requires_grad=True)
             hooks = [(z_hook(layer), gated(layer, gates)) for layer in range(L)]
-            logits = run(model, info, tok, am, hooks)
+            logits = hooked_pass(model, info, tok, am, hooks)
             nll, _ = token_nll(logits, tok, 1)
             seq_w = w.sum(1)
             per_seq = (nll[0] * w).sum(1) / seq_w.clamp(min=1)

@@ -37,7 +37,7 @@ from probes._validate import (
     check_bool,
     check_choice,
     model_info,
-    prepare,
+    probe_data,
     takes_any_model,
 )
 
@@ -106,7 +106,7 @@ def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tens
     l0 = l0_gates.check_options(l0_options)
     info = model_info(model)
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
     baseline, extra = None, dict[str, Any]()
     if method == "gradient":

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from harness._checks import check_number, check_positive_int, check_seed
 from harness.adapters.protocol import ProtocolModel
+from harness.errors import AttnlabTypeError
 from probes import gates
 from probes._validate import ModelInfo, ProbeData, z_hook
 
@@ -86,7 +87,7 @@ def check_options(options: Any) -> L0Options:
     if options is None:
         return L0Options()
     if not isinstance(options, L0Options):
-        raise TypeError(f"l0_options must be a probes.L0Options or None, got {type(options).__name__}")
+        raise AttnlabTypeError(f"l0_options must be a probes.L0Options or None, got {type(options).__name__}")
     return options
 
 
@@ -119,7 +120,7 @@ def train_gates(model: ProtocolModel, info: ModelInfo, data: ProbeData, options:
             g = sample_gates(log_alpha, u) * base  # one gate sample per sequence, for lower variance
             hooks = [(z_hook(layer), _gated(layer, g)) for layer in range(L)]
             am = None if data.attention_mask is None else data.attention_mask[pick]
-            logits = gates.run(model, info, data.tokens[pick], am, hooks)
+            logits = gates.hooked_pass(model, info, data.tokens[pick], am, hooks)
             nll, _ = gates.token_nll(logits, data.tokens[pick], 1)
             loss = (nll[0] * w).sum() / w.sum().clamp(min=1)
             expected_open = (l0_penalty(log_alpha) * base).sum()

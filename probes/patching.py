@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.errors import AttnlabError, AttnlabTypeError
 from probes import gates
 from probes._validate import model_info, takes_any_model
 from probes.gates import eval_mode, rows_per_pass
@@ -37,16 +38,16 @@ def resid_hook(layer: int) -> str:
 def _check(clean: object, corrupted: object, d_vocab: int, metric: object) -> tuple[Tensor, Tensor]:
     for name, t in (("clean_tokens", clean), ("corrupted_tokens", corrupted)):
         if not isinstance(t, Tensor) or t.ndim != 2 or t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise ValueError(f"{name} is invalid: expected an integer tensor [batch, pos], got "
-                             f"{type(t).__name__}{tuple(t.shape) if isinstance(t, Tensor) else ''}")
+            raise AttnlabError(f"{name} is invalid: expected an integer tensor [batch, pos], got "
+                               f"{type(t).__name__}{tuple(t.shape) if isinstance(t, Tensor) else ''}")
         if t.numel() == 0 or int(t.min()) < 0 or int(t.max()) >= d_vocab:
-            raise ValueError(f"{name} is invalid: expected a non-empty tensor of token ids in [0, {d_vocab})")
+            raise AttnlabError(f"{name} is invalid: expected a non-empty tensor of token ids in [0, {d_vocab})")
     assert isinstance(clean, Tensor) and isinstance(corrupted, Tensor)
     if clean.shape != corrupted.shape:
-        raise ValueError(f"clean_tokens {tuple(clean.shape)} and corrupted_tokens {tuple(corrupted.shape)} "
-                         "have different shapes: expected the same [batch, pos]")
+        raise AttnlabError(f"clean_tokens {tuple(clean.shape)} and corrupted_tokens {tuple(corrupted.shape)} "
+                           "have different shapes: expected the same [batch, pos]")
     if not callable(metric):
-        raise TypeError(f"metric={metric!r} is invalid: expected a callable logits -> scalar tensor")
+        raise AttnlabTypeError(f"metric={metric!r} is invalid: expected a callable logits -> scalar tensor")
     return clean, corrupted
 
 
@@ -81,21 +82,21 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
     L, d_vocab = getattr(cfg, "n_layers", None), getattr(cfg, "d_vocab", None)
     if not isinstance(L, int) or not isinstance(d_vocab, int):
         model_info(model)  # raises the probes' error naming what the model lacks
-        raise TypeError(f"model {type(model).__name__} has no integer cfg.n_layers/cfg.d_vocab")
+        raise AttnlabTypeError(f"model {type(model).__name__} has no integer cfg.n_layers/cfg.d_vocab")
     clean, corrupted = _check(clean_tokens, corrupted_tokens, d_vocab, metric)
     b, pos = corrupted.shape
     layers = list(range(L)) if layers is None else list(layers)
     positions = list(range(pos)) if positions is None else list(positions)
     bad = [x for x in layers if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < L]
     if bad or not layers:
-        raise ValueError(f"layers={layers!r} is invalid: expected a non-empty list of integers in [0, {L})")
+        raise AttnlabError(f"layers={layers!r} is invalid: expected a non-empty list of integers in [0, {L})")
     bad = [x for x in positions if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < pos]
     if bad or not positions:
-        raise ValueError(f"positions={positions!r} is invalid: expected a non-empty list of integers in [0, {pos})")
+        raise AttnlabError(f"positions={positions!r} is invalid: expected a non-empty list of integers in [0, {pos})")
     missing = [resid_hook(x) for x in layers if resid_hook(x) not in getattr(model, "hook_dict", {})]
     if missing:
-        raise TypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: residual patching "
-                        "reads and writes blocks.{l}.hook_resid_pre")
+        raise AttnlabTypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: residual patching "
+                               "reads and writes blocks.{l}.hook_resid_pre")
     info = model_info(model)
     model = cast(ProtocolModel, model)  # model_info checked it
     device = info.device
@@ -108,7 +109,7 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
         def saver(t: Tensor, hook: Any) -> None:
             store[hook.name] = t.detach().clone()
 
-        gates.run(model, info, clean, None, [(resid_hook(x), saver) for x in layers])
+        gates.hooked_pass(model, info, clean, None, [(resid_hook(x), saver) for x in layers])
         corrupt_resid: list[Tensor] = []
         if info.prefix_reuse:  # corrupted residual entering every layer, computed once
             corrupt_resid.append(model(corrupted, stop_at_layer=0))
@@ -120,9 +121,10 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
                 k = len(chunk)
                 hooks = [(resid_hook(layer), _patch_fn(store[resid_hook(layer)], chunk, b))]
                 if info.prefix_reuse:
-                    logits = gates.run(model, info, corrupt_resid[layer].repeat(k, 1, 1), None, hooks, start=layer)
+                    logits = gates.hooked_pass(model, info, corrupt_resid[layer].repeat(k, 1, 1), None, hooks,
+                                               start=layer)
                 else:
-                    logits = gates.run(model, info, corrupted.repeat(k, 1), None, hooks)
+                    logits = gates.hooked_pass(model, info, corrupted.repeat(k, 1), None, hooks)
                 for i, p in enumerate(chunk):
                     out[layer, p] = float(metric(logits[i * b:(i + 1) * b]))
     return out

@@ -30,7 +30,7 @@ from probes._validate import (
     check_seeds,
     check_tolerance,
     model_info,
-    prepare,
+    probe_data,
     takes_any_model,
 )
 from probes.importance import importance_scores
@@ -96,7 +96,7 @@ def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] 
     batch_size = check_batch_size(batch_size)
     info = model_info(model)
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
     counts = sorted({round(f * N) for f in fracs})
@@ -159,7 +159,7 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
     batch_size = check_batch_size(batch_size)
     info = model_info(model)
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = prepare(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
     counts = list(range(N + 1))

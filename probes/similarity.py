@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.errors import AttnlabError
 from probes import _patterns
 from probes._validate import (
     METRICS,
@@ -28,7 +29,7 @@ from probes._validate import (
     check_batch_size,
     check_choice,
     model_info,
-    prepare,
+    probe_data,
     takes_any_model,
 )
 
@@ -59,7 +60,7 @@ def _pattern_similarity(model: ProtocolModel, info: ModelInfo, data: ProbeData, 
     jsd_mean = (jsd_sum / max(n_queries, 1.0) / math.log(2)).clamp(0.0, 1.0)  # nats -> bits: JSD <= 1 bit
     jsd_mean = torch.triu(jsd_mean) + torch.triu(jsd_mean, 1).T
     if n_queries == 0:
-        raise ValueError("no query sees two or more real tokens: expected sequences of at least 2 real tokens")
+        raise AttnlabError("no query sees two or more real tokens: expected sequences of at least 2 real tokens")
     return 1 - jsd_mean
 
 
@@ -93,7 +94,7 @@ def head_similarity(model: AnyModel, tokens: Tensor, *, metric: str = "pattern",
     batch_size = check_batch_size(batch_size)
     info = model_info(model, need_pattern=metric == "pattern")
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = prepare(info, tokens, attention_mask=attention_mask, need_loss=False)
+    data = probe_data(info, tokens, attention_mask=attention_mask, need_loss=False)
     if metric == "pattern":
         sim = _pattern_similarity(model, info, data, batch_size)
     else:

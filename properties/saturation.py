@@ -25,6 +25,7 @@ from torch import Tensor
 from harness import ModelConfig, Transformer
 from harness._checks import check_int, check_ints
 from harness.adapters.protocol import FwdHooks
+from harness.errors import AttnlabError
 
 COLUMNS = ["d_head", "scaled", "seed", "score_var", "entropy", "max_prob", "jacobian_norm", "qk_grad_norm"]
 
@@ -88,7 +89,7 @@ def saturation_sweep(d_heads: Sequence[int] = (8, 16, 32, 64, 128, 256, 512),
     seeds = check_ints("seeds", seeds, 0)
     scaled = tuple(scaled)
     if not scaled or any(not isinstance(s, bool) for s in scaled):
-        raise ValueError(f"scaled={scaled!r} is invalid: expected a non-empty sequence of bools")
+        raise AttnlabError(f"scaled={scaled!r} is invalid: expected a non-empty sequence of bools")
     for name, value, minimum in (("d_model", d_model, 1), ("n_pos", n_pos, 2), ("batch", batch, 1)):
         check_int(name, value, minimum)
     rows = [_measure(d, s, seed, d_model, n_pos, batch) for s in scaled for d in d_heads for seed in seeds]
@@ -98,8 +99,8 @@ def saturation_sweep(d_heads: Sequence[int] = (8, 16, 32, 64, 128, 256, 512),
 def loglog_slope(frame: pd.DataFrame, column: str, scaled: bool) -> float:
     """Least-squares slope of log(mean over seeds of ``column``) against log(d_head)."""
     if column not in COLUMNS[3:]:
-        raise ValueError(f"column={column!r} is invalid: expected one of {COLUMNS[3:]}")
+        raise AttnlabError(f"column={column!r} is invalid: expected one of {COLUMNS[3:]}")
     sub = frame[frame["scaled"] == scaled].groupby("d_head")[column].mean()
     if len(sub) < 2:
-        raise ValueError(f"need at least two d_head values with scaled={scaled} to fit a slope, got {len(sub)}")
+        raise AttnlabError(f"need at least two d_head values with scaled={scaled} to fit a slope, got {len(sub)}")
     return float(np.polyfit(np.log(sub.index.to_numpy(float)), np.log(sub.to_numpy(float)), 1)[0])

@@ -22,6 +22,7 @@ from hypothesis.strategies import SearchStrategy
 
 from harness._checks import check_int, check_positive_int
 from harness.adapters.protocol import HookNotObserved, ModelError
+from harness.errors import AttnlabError
 
 STATUSES = ("pass", "fail", "n/a", "unobservable")
 
@@ -55,8 +56,8 @@ class PropertyResult:
         if not self.status:
             object.__setattr__(self, "status", derived)
         elif self.status != derived:
-            raise ValueError(f"status={self.status!r} is invalid for applicable={self.applicable}, "
-                             f"passed={self.passed}: expected {derived!r}")
+            raise AttnlabError(f"status={self.status!r} is invalid for applicable={self.applicable}, "
+                               f"passed={self.passed}: expected {derived!r}")
 
     @classmethod
     def not_applicable(cls, name: str, tolerance: float, reason: str = "") -> PropertyResult:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from harness._checks import check_int, is_int
+from harness.errors import AttnlabError
 from harness.model.config import ModelConfig
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -42,20 +43,20 @@ def load_profile(name: Optional[str] = None) -> str:
     register_profiles()
     name = name or os.environ.get("HYPOTHESIS_PROFILE", "dev")
     if name not in PROFILES:
-        raise ValueError(f"hypothesis profile {name!r} is unknown: expected one of {sorted(PROFILES)}")
+        raise AttnlabError(f"hypothesis profile {name!r} is unknown: expected one of {sorted(PROFILES)}")
     settings.load_profile(name)
     return name
 
 
 def _check_range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
     if hi < lo:
-        raise ValueError(f"{hi_name}={hi} is invalid: expected >= {lo_name}={lo}")
+        raise AttnlabError(f"{hi_name}={hi} is invalid: expected >= {lo_name}={lo}")
 
 
 def _check_subset(name: str, values: Iterable[Any], allowed: tuple) -> tuple:
     values = tuple(values)
     if not values or any(v not in allowed for v in values):
-        raise ValueError(f"{name}={values!r} is invalid: expected a non-empty subset of {list(allowed)}")
+        raise AttnlabError(f"{name}={values!r} is invalid: expected a non-empty subset of {list(allowed)}")
     return values
 
 
@@ -82,7 +83,7 @@ def model_configs(*, positional_types=("none", "standard", "sinusoidal", "rotary
     check_int("n_ctx", n_ctx, 2)
     d_models = tuple(d_models)
     if not d_models or any(not is_int(d) or d < 8 or d % 8 for d in d_models):
-        raise ValueError(f"d_models={d_models!r} is invalid: expected multiples of 8 (4 heads of even width)")
+        raise AttnlabError(f"d_models={d_models!r} is invalid: expected multiples of 8 (4 heads of even width)")
 
     @st.composite
     def build(draw) -> ModelConfig:

@@ -12,6 +12,7 @@ from transformer_lens import HookedRootModule
 from harness.adapters.entry import adapt, describe
 from harness.adapters.function import FunctionModel
 from harness.adapters.protocol import AnyModel, ProtocolModel, check_protocol, observed_hooks
+from harness.errors import AttnlabError
 from properties.checks import (
     alibi_slopes,
     attention_scale,
@@ -72,7 +73,7 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     given with ``cfg`` (a mapping or object with the protocol's cfg fields; see
     :class:`harness.adapters.function.FunctionModel`): its output-level properties run, the
     hook-level ones are unobservable. A transformers ``PreTrainedModel`` or a TransformerLens
-    ``TransformerBridge`` is put behind its adapter (:func:`harness.adapters.wrap`);
+    ``TransformerBridge`` is put behind its adapter (:func:`harness.adapters.adapt`);
     ``frame.attrs["adapter"]`` says which ("HFAdapter(llama, attention_interface)",
     "BridgeAdapter", "FunctionModel", "protocol model"). A model that does not follow the protocol's forward/cfg
     part raises TypeError listing what is missing.
@@ -81,11 +82,11 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     names = list(PROPERTIES) if properties is None else list(properties)
     unknown = [n for n in names if n not in PROPERTIES]
     if unknown or not names:
-        raise ValueError(f"properties={properties!r} is invalid: expected names from {list(PROPERTIES)}")
+        raise AttnlabError(f"properties={properties!r} is invalid: expected names from {list(PROPERTIES)}")
     if cfg is not None:
         if isinstance(model, HookedRootModule):
-            raise ValueError("cfg=... is for a plain nn.Module or function: this model is a HookedRootModule "
-                             "and carries its own cfg")
+            raise AttnlabError("cfg=... is for a plain nn.Module or function: this model is a HookedRootModule "
+                               "and carries its own cfg")
         model = FunctionModel(model, cfg)
     else:
         model = adapt(model)  # a PreTrainedModel or TransformerBridge goes behind its adapter

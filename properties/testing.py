@@ -18,6 +18,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from harness.adapters.protocol import AnyModel
+from harness.errors import AttnlabTypeError
 from properties.suite import check_model
 
 
@@ -31,7 +32,7 @@ def assert_properties(model: AnyModel, properties: Optional[list[str]] = None, s
     fails too (its reason names the silent hook). Returns the table when nothing failed.
     """
     if not isinstance(allow_unobservable, bool):
-        raise TypeError(f"allow_unobservable={allow_unobservable!r} is invalid: expected True or False")
+        raise AttnlabTypeError(f"allow_unobservable={allow_unobservable!r} is invalid: expected True or False")
     table = check_model(model, seed=seed, max_examples=max_examples, properties=properties, **kw)
     bad = table[table.status == "fail"]
     lines = [f"- {r.property}: worst {r.worst:.3g} > tolerance {r.tolerance:.3g}; counterexample: "

@@ -2,19 +2,22 @@
 
 Every failure a user can cause (a missing or corrupt run directory, a bad option value, an
 unknown task, an invalid config) ends as one line on stderr and exit code 2; Ctrl-C ends with
-130. Anything else is a bug: one line and exit code 1, with the traceback when ATTNLAB_DEBUG=1.
+130. Only :class:`harness.errors.AttnlabError` and ``OSError`` count as bad input; anything else is a bug
+of ours: the traceback, exit code 1 and a line saying how to report it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Optional
 
 import click
 
-from harness.train.tasks import TASKS
+from harness.errors import AttnlabError
+from harness.training.tasks import TASKS
 from reports.options import (
     BENCH_MODES,
     comma_floats,
@@ -50,15 +53,10 @@ class CliError(click.ClickException):
         click.echo(f"attnlab: {self.format_message()}", err=True)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [ValueError, TypeError, OSError]
-    try:  # a diverged run is the user's learning rate, not a bug
-        from harness.train.loop import TrainingDiverged
-
-        errors.append(TrainingDiverged)
-    except ImportError:
-        pass
-    return tuple(errors)
+# Bad input: the project's one exception family (raised by every validator) and a file that cannot be
+# read or written. A diverged run is an AttnlabError too (the learning rate is the user's). Anything
+# else, a TypeError or ValueError from our own code included, is a bug: traceback and exit 1.
+USER_ERRORS: tuple[type[BaseException], ...] = (AttnlabError, OSError)
 
 
 class AttnlabGroup(click.Group):
@@ -75,13 +73,14 @@ class AttnlabGroup(click.Group):
         except KeyboardInterrupt as exc:
             detail = f": {exc}" if str(exc) else ""
             raise CliError(f"interrupted{detail}", EXIT_INTERRUPTED) from None
-        except _user_errors() as exc:
+        except USER_ERRORS as exc:
             raise CliError(f"error: {exc}") from None
         except Exception as exc:
-            if os.environ.get("ATTNLAB_DEBUG"):
-                raise
-            raise CliError(f"internal error: {type(exc).__name__}: {exc} (set ATTNLAB_DEBUG=1 for the traceback)",
-                           EXIT_BUG) from None
+            # a bug of ours, not bad input: the traceback, then one line saying so and how to report it
+            click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
+            raise CliError(f"internal error: {type(exc).__name__}: {exc} -- this is a bug in attnlab, not in your "
+                           f"input: please report it with the traceback above and the command you ran "
+                           f"(attnlab {_version()})", EXIT_BUG) from None
 
     def main(self, args: Any = None, prog_name: Optional[str] = None, complete_var: Optional[str] = None,
              standalone_mode: bool = True, **extra: Any) -> Any:

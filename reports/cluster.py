@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.errors import AttnlabError
+
 
 def average_linkage(distance: np.ndarray) -> tuple[list[int], list[tuple[int, int, float]]]:
     """Leaf order and merges of UPGMA clustering on a symmetric distance matrix.
@@ -19,11 +21,11 @@ def average_linkage(distance: np.ndarray) -> tuple[list[int], list[tuple[int, in
     """
     d = np.asarray(distance, dtype=float)
     if d.ndim != 2 or d.shape[0] != d.shape[1] or d.shape[0] == 0:
-        raise ValueError(f"distance must be a non-empty square matrix, got shape {d.shape}")
+        raise AttnlabError(f"distance must be a non-empty square matrix, got shape {d.shape}")
     if not np.isfinite(d).all():
-        raise ValueError("distance must be finite everywhere")
+        raise AttnlabError("distance must be finite everywhere")
     if not np.allclose(d, d.T, atol=1e-6):
-        raise ValueError("distance must be symmetric")
+        raise AttnlabError("distance must be symmetric")
     n = d.shape[0]
     # Average linkage: the distance between clusters is the mean over all pairs of their members,
     # which updates as a size-weighted mean of the merged clusters' distances (Lance-Williams).

@@ -11,20 +11,22 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from harness.errors import AttnlabError, AttnlabTypeError
+
 
 def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: Optional[str] = None) -> Any:
     """Write the run's model into ``out_dir`` as ``save_pretrained`` output; returns the HF model."""
     import harness
     from harness.model.convert import to_hf
-    from harness.train.checkpoint import prepare_run_dir
+    from harness.training.checkpoint import prepare_run_dir
     from reports import rundata
 
     path = rundata.require_run_dir(run_dir)
     if not isinstance(out_dir, (str, os.PathLike)):
-        raise TypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
+        raise AttnlabTypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"export directory {out} is a file: expected a folder")
+        raise AttnlabError(f"export directory {out} is a file: expected a folder")
     hf = to_hf(harness.load_run(path), target=target)  # an unmappable config fails here, before any write
     prepare_run_dir(out)  # a read-only or full disk fails before the weights are written
     hf.save_pretrained(out, safe_serialization=True)

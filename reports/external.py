@@ -5,7 +5,7 @@ or a ``config.json`` (a folder holding only one, or the file itself) for a rando
 model seeded by ``--seed``; ``--model module:callable`` imports a user's factory (resolved from
 the current folder) that returns a protocol model, a ``PreTrainedModel``, a ``TransformerBridge``
 or ``(nn.Module or function, cfg)``. Either way the model goes behind its adapter
-(:func:`harness.adapters.wrap`) and is smoke-tested on a plain two-token input *before* any work,
+(:func:`harness.adapters.adapt`) and is smoke-tested on a plain two-token input *before* any work,
 so a model that cannot run is one error naming the exception.
 
 The run directory gets ``model.json`` (:func:`model_card`): where the model came from, its
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.run_dir import RunDir, atomic_write_json
 
 TEXT_SEQ_LEN = 128  # tokens per --text sequence (capped by the model's n_ctx)
@@ -47,18 +48,18 @@ def _config_file(path: Path) -> Path:
         raise FileNotFoundError(f"--hf {path} does not exist: expected a save_pretrained folder or a config.json")
     config = path if path.is_file() else path / "config.json"
     if path.is_file() and path.suffix != ".json":
-        raise ValueError(f"--hf {path} is a file but not a .json config: expected a save_pretrained folder or a "
-                         f"config.json")
+        raise AttnlabError(f"--hf {path} is a file but not a .json config: expected a save_pretrained folder or a "
+                           f"config.json")
     if not config.is_file():
-        raise ValueError(f"--hf {path} is not a model folder: it holds no config.json (expected a save_pretrained "
-                         f"folder or a config.json)")
+        raise AttnlabError(f"--hf {path} is not a model folder: it holds no config.json (expected a save_pretrained "
+                           f"folder or a config.json)")
     try:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{config} is not valid JSON ({exc}): expected a Hugging Face model config") from None
+        raise AttnlabError(f"{config} is not valid JSON ({exc}): expected a Hugging Face model config") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
-        raise ValueError(f"{config} has no model_type: expected a Hugging Face model config (save_pretrained "
-                         f"writes one)")
+        raise AttnlabError(f"{config} has no model_type: expected a Hugging Face model config (save_pretrained "
+                           f"writes one)")
     return config
 
 
@@ -92,7 +93,7 @@ def load_hf(path: str | os.PathLike, seed: int = 0) -> tuple[Any, dict[str, Any]
     try:
         config = AutoConfig.from_pretrained(str(folder if path.is_dir() else config_file), local_files_only=True)
     except (ValueError, KeyError, OSError) as exc:
-        raise ValueError(f"{config_file} is not a config transformers can read: {' '.join(str(exc).split())[:300]}") \
+        raise AttnlabError(f"{config_file} is not a config transformers can read: {' '.join(str(exc).split())[:300]}") \
             from None
     errors = []
     for auto in _auto_classes(config):  # a causal LM head first, then a masked LM head (BERT-style encoders)
@@ -106,8 +107,8 @@ def load_hf(path: str | os.PathLike, seed: int = 0) -> tuple[Any, dict[str, Any]
         except ValueError as exc:  # "Unrecognized configuration class ... for this kind of AutoModel"
             errors.append(f"{auto.__name__}: {' '.join(str(exc).split())[:200]}")
     else:
-        raise ValueError(f"--hf {path}: model_type {config.model_type!r} has no causal or masked LM head in "
-                         f"transformers ({'; '.join(errors)})")
+        raise AttnlabError(f"--hf {path}: model_type {config.model_type!r} has no causal or masked LM head in "
+                           f"transformers ({'; '.join(errors)})")
     tokenizer = folder if path.is_dir() and _has_tokenizer(folder) else None
     source = {"source": "hf", "path": str(path.resolve()),
               "weights": "pretrained" if weights else f"random (seed {seed})", "class": type(model).__name__}
@@ -124,27 +125,27 @@ def load_factory(spec: str) -> tuple[Any, dict[str, Any]]:
     """Import ``module:callable`` (the current folder first on ``sys.path``), call it, return what it made."""
     module_name, sep, attr = str(spec).partition(":")
     if not sep or not module_name.strip() or not attr.strip() or ":" in attr:
-        raise ValueError(f"--model {spec!r} is not of the form module:callable (e.g. mymodels:build)")
+        raise AttnlabError(f"--model {spec!r} is not of the form module:callable (e.g. mymodels:build)")
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"--model {spec!r}: module {module_name!r} cannot be imported from {cwd} ({exc})") from None
+        raise AttnlabError(f"--model {spec!r}: module {module_name!r} cannot be imported from {cwd} ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - the user's module raised while importing: one line naming it
-        raise ValueError(f"--model {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
+        raise AttnlabError(f"--model {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise ValueError(f"--model {spec!r}: {module_name!r} has no attribute {attr!r}")
+            raise AttnlabError(f"--model {spec!r}: {module_name!r} has no attribute {attr!r}")
         target = getattr(target, part)
     if not callable(target):
-        raise ValueError(f"--model {spec!r}: {attr!r} is a {type(target).__name__}, not a callable factory")
+        raise AttnlabError(f"--model {spec!r}: {attr!r} is a {type(target).__name__}, not a callable factory")
     try:
         made = target()
     except Exception as exc:  # noqa: BLE001 - the user's factory failed: one line naming the exception
-        raise ValueError(f"--model {spec!r}: calling {attr}() raised {type(exc).__name__}: {exc}") from None
+        raise AttnlabError(f"--model {spec!r}: calling {attr}() raised {type(exc).__name__}: {exc}") from None
     return made, {"source": "model", "factory": str(spec)}
 
 
@@ -152,31 +153,31 @@ def _as_model(made: Any, spec: str) -> Any:
     """What a factory returned, behind the protocol: wrapped, a (module, cfg) pair as a FunctionModel."""
     from transformer_lens import HookedRootModule
 
-    from harness.adapters.entry import adapt, needs_wrapping
+    from harness.adapters.entry import adapt, needs_adapter
 
     if isinstance(made, tuple) and len(made) == 2 and callable(made[0]) and not isinstance(made[1], type):
         from harness.adapters.function import FunctionModel
 
         return FunctionModel(made[0], made[1])
-    if needs_wrapping(made) or (isinstance(made, HookedRootModule) and hasattr(made, "cfg")):
+    if needs_adapter(made) or (isinstance(made, HookedRootModule) and hasattr(made, "cfg")):
         return adapt(made)
-    raise TypeError(f"--model {spec!r} returned a {type(made).__name__}: expected a protocol model "
-                    f"(HookedRootModule with cfg), a transformers PreTrainedModel, a TransformerBridge or a pair "
-                    f"(nn.Module or function, cfg)")
+    raise AttnlabTypeError(f"--model {spec!r} returned a {type(made).__name__}: expected a protocol model "
+                           f"(HookedRootModule with cfg), a transformers PreTrainedModel, a TransformerBridge or a "
+                           f"pair (nn.Module or function, cfg)")
 
 
 # --- both ----------------------------------------------------------------------------------------
 def open_model(hf: Optional[str] = None, factory: Optional[str] = None, seed: int = 0) -> ExternalModel:
     """The model of ``--hf`` or ``--model`` (exactly one), wrapped and smoke-tested, with its card."""
-    from harness.adapters.entry import wrap
+    from harness.adapters.entry import adapt
     from harness.adapters.protocol import check_protocol
 
     if (hf is None) == (factory is None):
-        raise ValueError("give exactly one of --hf PATH and --model module:callable")
+        raise AttnlabError("give exactly one of --hf PATH and --model module:callable")
     tokenizer = None
     if hf is not None:
         raw, source, tokenizer = load_hf(hf, seed)
-        model = wrap(raw)  # HFAdapter: refuses an unsupported architecture and smoke-tests the forward
+        model = adapt(raw)  # HFAdapter: refuses an unsupported architecture and smoke-tests the forward
     else:
         assert factory is not None
         made, source = load_factory(factory)
@@ -199,8 +200,8 @@ def smoke(model: Any) -> None:
         with torch.no_grad():
             model(torch.zeros(1, n, dtype=torch.long, device=device))
     except Exception as exc:  # noqa: BLE001 - any failure of the user's model is reported as one error
-        raise ValueError(f"the model ({describe(model)}) raised {type(exc).__name__} on a plain {n}-token input: "
-                         f"{exc}") from None
+        raise AttnlabError(f"the model ({describe(model)}) raised {type(exc).__name__} on a plain {n}-token input: "
+                           f"{exc}") from None
 
 
 def model_card(model: Any, source: dict[str, Any]) -> dict[str, Any]:
@@ -233,10 +234,10 @@ def prepare_out(out: str | os.PathLike) -> Path:
     """The run directory an external model's results go to (not created yet); refused if it holds a trained run."""
     layout = RunDir(out)
     if layout.path.exists() and not layout.path.is_dir():
-        raise ValueError(f"--out {layout.path} is a file: expected a folder")
+        raise AttnlabError(f"--out {layout.path} is a file: expected a folder")
     if layout.checkpoint.exists() or layout.metrics_csv.exists():
-        raise ValueError(f"--out {layout.path} holds a trained run (checkpoint/ or metrics.csv): --hf/--model write "
-                         f"another model's results, which would mix with that run's; choose another folder")
+        raise AttnlabError(f"--out {layout.path} holds a trained run (checkpoint/ or metrics.csv): --hf/--model write "
+                           f"another model's results, which would mix with that run's; choose another folder")
     return layout.path
 
 
@@ -249,7 +250,7 @@ def task_tokens(model: Any, task: str, sequences: int, seed: int) -> tuple[Any, 
     """``(tokens, loss_mask)``: a validation batch of the harness task ``task`` at the model's vocab and n_ctx."""
     import torch
 
-    from harness.train.tasks import TASKS, make_task
+    from harness.training.tasks import TASKS, make_task
 
     cfg = model.cfg
     # the task's own length when the model's context allows it, else the whole context
@@ -266,8 +267,8 @@ def text_tokens(ext: ExternalModel, text_file: str | os.PathLike, sequences: int
     if ext.tokenizer_path is None:
         what = "a --model factory has no tokenizer" if ext.card.get("source") == "model" else \
             f"{ext.card.get('path')} holds no tokenizer (tokenizer.json / tokenizer_config.json)"
-        raise ValueError(f"--text {path} needs the model's tokenizer, but {what}: save the tokenizer with the model "
-                         f"(tokenizer.save_pretrained) or use --task NAME")
+        raise AttnlabError(f"--text {path} needs the model's tokenizer, but {what}: save the tokenizer with the model "
+                           f"(tokenizer.save_pretrained) or use --task NAME")
     if not path.is_file():
         raise FileNotFoundError(f"--text {path} does not exist or is not a file: expected a UTF-8 text file")
     from transformers import AutoTokenizer
@@ -276,15 +277,15 @@ def text_tokens(ext: ExternalModel, text_file: str | os.PathLike, sequences: int
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"--text {path} is not UTF-8 text ({exc})") from None
+        raise AttnlabError(f"--text {path} is not UTF-8 text ({exc})") from None
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     n_ctx, d_vocab = ext.model.cfg.n_ctx, ext.model.cfg.d_vocab
     length = min(seq_len, n_ctx, len(ids))
     if length < 2:
-        raise ValueError(f"--text {path} has {len(ids)} token(s): expected at least 2")
+        raise AttnlabError(f"--text {path} has {len(ids)} token(s): expected at least 2")
     if max(ids) >= d_vocab:
-        raise ValueError(f"--text {path}: the tokenizer gives id {max(ids)}, past the model's vocabulary "
-                         f"(d_vocab={d_vocab}): expected the model's own tokenizer")
+        raise AttnlabError(f"--text {path}: the tokenizer gives id {max(ids)}, past the model's vocabulary "
+                           f"(d_vocab={d_vocab}): expected the model's own tokenizer")
     n = max(1, min(sequences, len(ids) // length))
     return torch.tensor(ids[:n * length], dtype=torch.long).view(n, length), None
 
@@ -300,22 +301,22 @@ def resolve(run_dir: Optional[str], out: Optional[str], hf: Optional[str], facto
     would mix two models' results in one report.
     """
     if hf is not None and factory is not None:
-        raise ValueError(f"--hf {hf} and --model {factory} were both given: expected one model, either a Hugging "
-                         f"Face folder (--hf) or a factory (--model)")
+        raise AttnlabError(f"--hf {hf} and --model {factory} were both given: expected one model, either a Hugging "
+                           f"Face folder (--hf) or a factory (--model)")
     if hf is None and factory is None:
         if out is not None:
-            raise ValueError(f"--out {out} is for --hf/--model (another model's results); a trained run is given "
-                             f"as the RUN_DIR argument alone")
+            raise AttnlabError(f"--out {out} is for --hf/--model (another model's results); a trained run is given "
+                               f"as the RUN_DIR argument alone")
         if run_dir is None:
-            raise ValueError("missing RUN_DIR: expected a trained run directory, or --hf PATH / --model "
-                             "module:callable with --out RUN_DIR")
+            raise AttnlabError("missing RUN_DIR: expected a trained run directory, or --hf PATH / --model "
+                               "module:callable with --out RUN_DIR")
         return run_dir, None
     if run_dir is not None and out is not None and Path(run_dir) != Path(out):
-        raise ValueError(f"RUN_DIR {run_dir} and --out {out} differ: expected one run directory")
+        raise AttnlabError(f"RUN_DIR {run_dir} and --out {out} differ: expected one run directory")
     target = out if out is not None else run_dir
     if target is None:
-        raise ValueError(f"{'--hf' if hf is not None else '--model'} needs --out RUN_DIR: the run directory to write "
-                         f"into")
+        raise AttnlabError(f"{'--hf' if hf is not None else '--model'} needs --out RUN_DIR: the run directory to write "
+                           f"into")
     path = prepare_out(target)
     return str(path), open_model(hf=hf, factory=factory, seed=seed)
 

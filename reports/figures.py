@@ -20,8 +20,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.run_dir import atomic_write_bytes
-from harness.train.metrics import CURVES
+from harness.training.metrics import CURVES
 from probes.roles import ROLES
 from properties.saturation import COLUMNS as SWEEP_COLUMNS
 from reports.cluster import average_linkage
@@ -45,12 +46,12 @@ def _figure(width: float, height: float) -> Figure:
 
 def _require(df: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
     if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{what}: expected a pandas DataFrame, got {type(df).__name__}")
+        raise AttnlabTypeError(f"{what}: expected a pandas DataFrame, got {type(df).__name__}")
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ValueError(f"{what}: missing column(s) {missing}; expected columns {list(columns)}")
+        raise AttnlabError(f"{what}: missing column(s) {missing}; expected columns {list(columns)}")
     if df.empty:
-        raise ValueError(f"{what}: the DataFrame is empty")
+        raise AttnlabError(f"{what}: the DataFrame is empty")
 
 
 def png_bytes(fig: Figure) -> bytes:
@@ -102,7 +103,7 @@ def _heatmap(ax, matrix: pd.DataFrame, *, cmap: str, label: str, center=None, vm
 
 
 # --- training -----------------------------------------------------------------------------
-METRIC_COLUMNS = CURVES  # owned by harness.train.metrics, the writer of metrics.csv
+METRIC_COLUMNS = CURVES  # owned by harness.training.metrics, the writer of metrics.csv
 
 
 def training_curves(metrics: pd.DataFrame) -> Figure:
@@ -187,7 +188,7 @@ def saturation(df: pd.DataFrame) -> Figure:
 def importance_heatmaps(by_method: Mapping[str, pd.DataFrame]) -> Figure:
     """One layer x head heatmap of importance per method (Michel, Levy & Neubig 2019)."""
     if not by_method:
-        raise ValueError("importance_heatmaps: no importance tables given")
+        raise AttnlabError("importance_heatmaps: no importance tables given")
     for method, df in by_method.items():
         _require(df, ("layer", "head", "importance"), f"importance_heatmaps[{method!r}]")
     n = len(by_method)
@@ -259,8 +260,8 @@ def heal_curves(df: pd.DataFrame) -> Figure:
 def similarity_clustermap(sim: pd.DataFrame, metric: str = "pattern") -> Figure:
     """Head-by-head similarity, rows and columns ordered by average-linkage clustering, with its dendrogram."""
     if not isinstance(sim, pd.DataFrame) or sim.shape[0] != sim.shape[1] or sim.empty:
-        raise ValueError(f"similarity_clustermap: expected a non-empty square DataFrame, got shape "
-                         f"{getattr(sim, 'shape', None)}")
+        raise AttnlabError(f"similarity_clustermap: expected a non-empty square DataFrame, got shape "
+                           f"{getattr(sim, 'shape', None)}")
     values = sim.to_numpy(float)
     order, links = average_linkage(1.0 - values)
     ordered = sim.iloc[order, order]

@@ -10,7 +10,7 @@ held at zero (:mod:`harness.model.head_mask`):
 
 - ``fine-tuned``: the hard-label loss alone (plain fine-tuning);
 - ``distilled``: Hinton et al.'s (2015) loss with the unpruned run as the teacher,
-  ``alpha * T^2 KL(teacher_T || student_T) + (1 - alpha) * hard`` (:mod:`harness.train.distill`).
+  ``alpha * T^2 KL(teacher_T || student_T) + (1 - alpha) * hard`` (:mod:`harness.training.distill`).
 
 Each student is a run of its own under ``out`` (default ``RUN_DIR/heal``); the loss and accuracy
 of every model on the probes' fixed validation batch go to ``RUN_DIR/probes/heal.csv``, which the
@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from harness._checks import check_ints, check_positive_int
+from harness.errors import AttnlabError
 from harness.run_dir import RunDir, atomic_write
 from reports import rundata
 
@@ -44,13 +45,14 @@ def _check_fractions(fractions: Any, n_heads: int) -> tuple[float, ...]:
     if isinstance(fractions, (int, float)) and not isinstance(fractions, bool):
         fractions = (fractions,)
     if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Sequence) or not fractions:
-        raise ValueError(f"prune_fraction={fractions!r} is invalid: expected a number in (0, 1) or a sequence of them")
+        raise AttnlabError(f"prune_fraction={fractions!r} is invalid: expected a number in (0, 1) or a sequence "
+                           f"of them")
     for f in fractions:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 < f < 1:
-            raise ValueError(f"prune_fraction={f!r} is invalid: expected a number in (0, 1)")
+            raise AttnlabError(f"prune_fraction={f!r} is invalid: expected a number in (0, 1)")
         if round(f * n_heads) >= n_heads:
-            raise ValueError(f"prune_fraction={f!r} is invalid: it prunes all {n_heads} heads "
-                             f"(rounded to whole heads): expected at most {(n_heads - 0.5) / n_heads:.3f}")
+            raise AttnlabError(f"prune_fraction={f!r} is invalid: it prunes all {n_heads} heads "
+                               f"(rounded to whole heads): expected at most {(n_heads - 0.5) / n_heads:.3f}")
     return tuple(sorted(set(float(f) for f in fractions)))
 
 
@@ -66,8 +68,8 @@ def importance_order(run_dir: Path, model: Any, tokens: torch.Tensor, loss_mask:
     frame = frame.sort_values(["layer", "head"])
     scores = torch.tensor(frame["importance"].to_numpy(), dtype=torch.float64)
     if scores.numel() != model.cfg.n_layers * model.cfg.n_heads:
-        raise ValueError(f"{path} has {scores.numel()} heads: expected the model's "
-                         f"{model.cfg.n_layers * model.cfg.n_heads}")
+        raise AttnlabError(f"{path} has {scores.numel()} heads: expected the model's "
+                           f"{model.cfg.n_layers * model.cfg.n_heads}")
     return torch.sort(scores, stable=True).indices
 
 
@@ -97,7 +99,7 @@ def heal(run_dir: str | os.PathLike, *, fractions: Any = FRACTIONS, steps: int =
     """
     import harness
     from harness.model.head_mask import apply_head_mask
-    from harness.train.checkpoint import prepare_run_dir, read_configs
+    from harness.training.checkpoint import prepare_run_dir, read_configs
     from reports import pipeline
 
     path = rundata.require_run_dir(run_dir)
@@ -138,7 +140,9 @@ def heal(run_dir: str | os.PathLike, *, fractions: Any = FRACTIONS, steps: int =
             rows.append((name, seed, n, n / (n_layers * n_heads), "before", *_evaluate(student, tokens, loss_mask)))
     for name, seed, n, kind, cfg in plan:
         tag = f"{name}{'' if seed is None else seed}-{n:03d}of{n_layers * n_heads}-{kind}"
-        harness.train(harness.load_run(path).train(), cfg, out_dir / tag, overwrite=True, progress=progress)
+        student = harness.load_run(path)
+        student.train(mode=True)  # load_run returns eval mode; fine-tuning wants dropout back on
+        harness.train(student, cfg, out_dir / tag, overwrite=True, progress=progress)
         rows.append((name, seed, n, n / (n_layers * n_heads), kind,
                      *_evaluate(harness.load_run(out_dir / tag), tokens, loss_mask)))
     frame = pd.DataFrame(rows, columns=list(COLUMNS))

@@ -15,9 +15,9 @@ from typing import Any, Optional
 import click
 
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORM_PLACEMENTS, POSITIONAL_TYPES
-from harness.train.config import DEVICES, OPTIMIZERS, SCHEDULES
-from harness.train.presets import PRESETS, preset
-from harness.train.tasks import TASKS
+from harness.training.config import DEVICES, OPTIMIZERS, SCHEDULES
+from harness.training.presets import PRESETS, preset
+from harness.training.tasks import TASKS
 
 BENCH_MODES = {False: "short", True: "full"}
 

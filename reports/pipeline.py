@@ -22,6 +22,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from harness._checks import check_int, check_ints, check_number, check_positive_int
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.run_dir import RunDir, atomic_write, atomic_write_json
 from reports import rundata
 from reports.render import ReportPaths, render
@@ -58,7 +59,7 @@ def train(model_cfg: Any, train_cfg: Any, run_dir: str | os.PathLike, *, resume:
 
 def _load(run_dir: str | os.PathLike):
     import harness
-    from harness.train.checkpoint import prepare_run_dir, read_configs
+    from harness.training.checkpoint import prepare_run_dir, read_configs
 
     path = rundata.require_run_dir(run_dir)
     model_cfg, train_cfg = read_configs(path)
@@ -102,7 +103,7 @@ def probe_data(model_cfg: Any, train_cfg: Any, sequences: int = PROBE_SEQUENCES)
     """A fixed validation batch of the run's own task: ``(tokens, loss_mask)``."""
     import torch
 
-    from harness.train.tasks import make_task
+    from harness.training.tasks import make_task
 
     task = make_task(train_cfg.task, model_cfg.d_vocab, model_cfg.n_ctx, train_cfg.seq_len, train_cfg.task_options)
     return task.batch(sequences, torch.Generator().manual_seed(PROBE_DATA_SEED), "val")
@@ -187,12 +188,12 @@ def saturation(out_dir: str | os.PathLike, *, d_heads: Sequence[int] = SATURATIO
     d_heads = check_ints("d_heads", d_heads, 1)
     seeds = check_ints("seeds", seeds, 0)
     if len(set(d_heads)) < 2:
-        raise ValueError(f"d_heads={d_heads!r} is invalid: a log-log slope needs at least two distinct values")
+        raise AttnlabError(f"d_heads={d_heads!r} is invalid: a log-log slope needs at least two distinct values")
     if not isinstance(out_dir, (str, os.PathLike)):
-        raise TypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
+        raise AttnlabTypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file: expected a folder")
+        raise AttnlabError(f"--out {out} is a file: expected a folder")
     out.mkdir(parents=True, exist_ok=True)
     parts = [properties.saturation_sweep(d_heads=(d,), seeds=seeds)
              for d in tqdm(d_heads, desc="saturation", unit="d_head", disable=_quiet(progress))]
@@ -230,11 +231,11 @@ def demo(out_dir: str | os.PathLike, model_cfg: Any = None, train_cfg: Any = Non
     import harness
 
     if not isinstance(out_dir, (str, os.PathLike)):
-        raise TypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
+        raise AttnlabTypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
     out = Path(out_dir)
     if not overwrite and (RunDir(out).checkpoint.exists() or RunDir(out).metrics_csv.exists()):
-        raise ValueError(f"{out} already holds a run: pass overwrite=True (attnlab demo --overwrite) to replace it, "
-                         "or choose another folder (--out)")
+        raise AttnlabError(f"{out} already holds a run: pass overwrite=True (attnlab demo --overwrite) to replace it, "
+                           "or choose another folder (--out)")
     if model_cfg is None or train_cfg is None:
         default_model, default_train = harness.demo_configs()
         model_cfg = default_model if model_cfg is None else model_cfg

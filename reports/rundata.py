@@ -18,8 +18,9 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.run_dir import RunDir, read_json
-from harness.train.metrics import CURVES
+from harness.training.metrics import CURVES
 from probes.compare import ESTIMATOR_COLUMNS
 from probes.importance import METHODS
 from probes.roles import ROLES
@@ -70,10 +71,10 @@ def read_csv(path: Path, columns: tuple[str, ...], *, index_col: Optional[int] =
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} is missing") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not a readable CSV file: {exc}") from None
+        raise AttnlabError(f"{path} is not a readable CSV file: {exc}") from None
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ValueError(f"{path} lacks column(s) {missing}: expected {list(columns)}")
+        raise AttnlabError(f"{path} lacks column(s) {missing}: expected {list(columns)}")
     return df
 
 
@@ -84,12 +85,12 @@ def _optional_csv(path: Path, columns: tuple[str, ...], **kw: Any) -> Optional[p
 def require_run_dir(run_dir: Any) -> Path:
     """``run_dir`` as a Path if it is an existing folder holding a trained run; else a clear error."""
     if not isinstance(run_dir, (str, os.PathLike)):
-        raise TypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
+        raise AttnlabTypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
     path = Path(run_dir)
     if not path.exists():
         raise FileNotFoundError(f"run directory {path} does not exist (create one with `attnlab train --out {path}`)")
     if not path.is_dir():
-        raise ValueError(f"run directory {path} is a file: expected a folder made by `attnlab train`")
+        raise AttnlabError(f"run directory {path} is a file: expected a folder made by `attnlab train`")
     return path
 
 
@@ -149,8 +150,8 @@ def load(run_dir: Any) -> RunData:
     if layout.model_json.exists() and not layout.checkpoint.exists():
         card = read_json(layout.model_json)
         if not isinstance(card, dict):
-            raise ValueError(f"{layout.model_json} is not a JSON object: expected the model card attnlab check "
-                             f"--hf/--model writes")
+            raise AttnlabError(f"{layout.model_json} is not a JSON object: expected the model card attnlab check "
+                               f"--hf/--model writes")
         params = {"total": card["parameters"]} if isinstance(card.get("parameters"), int) else {}
         return _load_stages(RunData(run_dir=path, name=path.resolve().name, model_config=None, train_config=None,
                                     params=params, metrics=pd.DataFrame(columns=list(COLUMNS[METRICS_CSV])),
@@ -162,7 +163,7 @@ def _load_trained(path: Path) -> RunData:
     import torch
 
     from harness import Transformer
-    from harness.train.checkpoint import read_configs
+    from harness.training.checkpoint import read_configs
 
     model_cfg, train_cfg = read_configs(path)
     with torch.device("meta"):  # counting parameters needs shapes, not memory
@@ -174,7 +175,7 @@ def _load_trained(path: Path) -> RunData:
     if text or metrics.empty or metrics["step"].isna().any():
         what = ("no rows" if metrics.empty else f"non-numeric values in column(s) {text}" if text
                 else "rows without a step")
-        raise ValueError(f"{layout.metrics_csv} has {what}: expected one numeric row per logged training step")
+        raise AttnlabError(f"{layout.metrics_csv} has {what}: expected one numeric row per logged training step")
     return _load_stages(RunData(run_dir=path, name=path.resolve().name, model_config=model_cfg,
                                 train_config=train_cfg, params=params, metrics=metrics))
 
@@ -192,7 +193,7 @@ def _load_stages(data: RunData) -> RunData:
         setattr(data, key, _optional_csv(layout.probe_file(PROBE_FILES[key]), COLUMNS[key]))
     data.similarity = _optional_csv(layout.probe_file(PROBE_FILES["similarity"]), (), index_col=0)
     if data.similarity is not None and list(data.similarity.index) != list(data.similarity.columns):
-        raise ValueError(f"{layout.probe_file(PROBE_FILES['similarity'])} is not a square head-by-head table")
+        raise AttnlabError(f"{layout.probe_file(PROBE_FILES['similarity'])} is not a square head-by-head table")
     example = _optional_csv(layout.probe_file(PROBE_FILES["example"]), COLUMNS["example"])
     data.example_tokens = None if example is None else [int(t) for t in example.sort_values("position")["token"]]
     if layout.redundancy_json.exists():

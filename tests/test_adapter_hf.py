@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers as tr
 
-from harness.adapters import HFAdapter, wrap
+from harness.adapters import HFAdapter, adapt, check_protocol
 from harness.adapters import hf_attention as attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -225,12 +225,14 @@ def test_declared_design():
     assert gpt2.attn_scales == pytest.approx((8 ** -0.5, 8 ** -0.5 / 2))
 
 
-def test_wrap_dispatches_and_reuses_the_adapter():
+def test_adapt_dispatches_and_reuses_the_adapter():
     model = build("gpt2")
-    adapter = wrap(model)
-    assert isinstance(adapter, HFAdapter) and wrap(model) is adapter and wrap(adapter) is adapter
-    with pytest.raises(TypeError, match="cannot wrap a Linear"):
-        wrap(torch.nn.Linear(2, 2))
+    adapter = adapt(model)
+    assert isinstance(adapter, HFAdapter) and adapt(model) is adapter and adapt(adapter) is adapter
+    plain = torch.nn.Linear(2, 2)
+    assert adapt(plain) is plain  # not adaptable: the entry point's protocol check refuses it
+    with pytest.raises(TypeError, match="not a transformer_lens.HookedRootModule"):
+        check_protocol(adapt(plain))
 
 
 def test_bad_models_get_one_error():

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from harness import ModelConfig, TrainConfig, Transformer, load_run, train
-from harness.train.checkpoint import OLD, TMP, atomic_write_text, finish_swap, read_state
-from harness.train.optim import make_optimizer, optimizer_state_from_tensors, optimizer_state_to_tensors
+from harness.training.checkpoint import OLD, TMP, atomic_write_text, finish_swap, read_state
+from harness.training.optim import make_optimizer, optimizer_state_from_tensors, optimizer_state_to_tensors
 
 MODEL = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=16, n_ctx=16)
 CFG = TrainConfig(seq_len=16, batch_size=8, steps=12, warmup=3, eval_every=4, log_every=3, eval_batches=2,
@@ -272,7 +272,7 @@ def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, straight):
 
 def _train_until_killed(run_dir):
     torch.set_num_threads(1)
-    from harness.train.checkpoint import has_run
+    from harness.training.checkpoint import has_run
 
     train(MODEL, CFG.replace(checkpoint_every=1), run_dir, resume=has_run(run_dir), progress=False)
     os._exit(0)

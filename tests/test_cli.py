@@ -59,7 +59,7 @@ def test_top_level_help_lists_commands_in_session_order():
 
 def test_every_config_field_has_exactly_one_option():
     from harness import ModelConfig
-    from harness.train.config import TrainConfig
+    from harness.training.config import TrainConfig
 
     for fields, cls in ((options.MODEL_FIELDS, ModelConfig), (options.TRAIN_FIELDS, TrainConfig)):
         mapped = [f for _, f, _, _ in fields]
@@ -260,16 +260,33 @@ def test_interrupt_exits_130(monkeypatch, tmp_path):
     assert_one_line_error(invoke(["report", str(tmp_path)]), 130, "interrupted after step 3")
 
 
-def test_unexpected_error_is_one_line_exit_1(monkeypatch, tmp_path):
+@pytest.mark.parametrize("bug", [ZeroDivisionError("boom"), TypeError("boom"), ValueError("boom")])
+def test_a_bug_of_ours_is_a_traceback_and_exit_1(monkeypatch, tmp_path, bug):
+    """Only AttnlabError and OSError are bad input: a plain TypeError/ValueError from our code is a bug."""
     from reports import pipeline
 
     def broken(*a, **k):
-        raise ZeroDivisionError("boom")
+        raise bug
 
     monkeypatch.setattr(pipeline, "report", broken)
-    monkeypatch.delenv("ATTNLAB_DEBUG", raising=False)
-    err = assert_one_line_error(invoke(["report", str(tmp_path)]), 1, "internal error", "ZeroDivisionError")
-    assert "ATTNLAB_DEBUG" in err
+    result = invoke(["report", str(tmp_path)])
+    assert result.exit_code == 1, (result.exit_code, result.stderr)
+    err = result.stderr.strip().splitlines()
+    assert err[0] == "Traceback (most recent call last):" and f"{type(bug).__name__}: boom" in err[-2]
+    assert err[-1].startswith("attnlab: internal error:") and "please report it" in err[-1]
+
+
+def test_bad_input_is_one_line_exit_2(monkeypatch, tmp_path):
+    from harness.errors import AttnlabError, AttnlabTypeError
+    from reports import pipeline
+
+    for exc in (AttnlabError("x=1 is invalid: expected y"), AttnlabTypeError("run_dir must be a path"),
+                FileNotFoundError("no such file")):
+        def broken(*a, exc=exc, **k):
+            raise exc
+
+        monkeypatch.setattr(pipeline, "report", broken)
+        assert_one_line_error(invoke(["report", str(tmp_path)]), 2, str(exc))
 
 
 def test_bench_calls_the_suite(monkeypatch):

@@ -11,16 +11,13 @@ which path a forward pass took: the compiled graph or the eager model.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from harness import ModelConfig, TrainConfig, Transformer, train
 from harness.model.compiled import HookAwareCompiled
-
-loop = importlib.import_module("harness.train.loop")  # `harness.train` the attribute is the function
+from harness.training import loop
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -88,13 +88,13 @@ def test_live_bf16_cast_rounds_inv_freq():
     # LlamaRotaryEmbedding.inv_freq to bf16, building the model in bf16 (dtype=) keeps it in float32
     import torch
 
-    from harness.adapters import wrap
+    from harness.adapters import adapt
     from properties import check_model
 
     cast, built = _llama_bf16(True), _llama_bf16(False)
     assert cast.model.rotary_emb.inv_freq.dtype == torch.bfloat16  # the witness: the buffer itself
     assert built.model.rotary_emb.inv_freq.dtype == torch.float32
-    bad = check_model(wrap(cast), properties=["rotary_precision"], max_examples=MAX_EXAMPLES).iloc[0]
-    good = check_model(wrap(built), properties=["rotary_precision"], max_examples=MAX_EXAMPLES).iloc[0]
+    bad = check_model(adapt(cast), properties=["rotary_precision"], max_examples=MAX_EXAMPLES).iloc[0]
+    good = check_model(adapt(built), properties=["rotary_precision"], max_examples=MAX_EXAMPLES).iloc[0]
     assert bad.status == "fail" and "position_offset=" in bad.counterexample, bad.to_dict()
     assert good.status == "pass", good.to_dict()

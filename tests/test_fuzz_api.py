@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from harness import ModelConfig, TrainConfig, load_run, train
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
-from harness.train.config import DEVICES, OPTIMIZERS, SCHEDULES
-from harness.train.tasks import TASKS, make_task
+from harness.training.config import DEVICES, OPTIMIZERS, SCHEDULES
+from harness.training.tasks import TASKS, make_task
 from tests.fuzz_helpers import (
     NAN,
     api_error,

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from harness import ModelConfig, TrainConfig, train
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
-from harness.train.config import OPTIMIZERS, SCHEDULES
-from harness.train.presets import PRESETS
-from harness.train.tasks import TASKS
+from harness.training.config import OPTIMIZERS, SCHEDULES
+from harness.training.presets import PRESETS
+from harness.training.tasks import TASKS
 from reports.cli import cli
 from tests.fuzz_helpers import cli_error, fuzz_settings, install_summary, snapshot
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from harness import ModelConfig, TrainConfig, Transformer, load_run, train
 from harness.model.head_mask import apply_head_mask, head_mask_of
-from harness.train.distill import mixed_loss, soft_kl
-from harness.train.tasks import make_task, shifted
+from harness.training.distill import mixed_loss, soft_kl
+from harness.training.tasks import make_task, shifted
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from harness import ModelConfig, TrainConfig, load_run, train
 from harness.model.head_mask import head_mask_of
-from harness.train.checkpoint import read_configs
+from harness.training.checkpoint import read_configs
 from reports.cli import cli
 from reports.heal import COLUMNS
 

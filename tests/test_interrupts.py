@@ -32,7 +32,7 @@ import torch
 from click.testing import CliRunner
 
 from harness import load_run
-from harness.train.checkpoint import CHECKPOINT, FILES, OLD, TMP, checkpoint_dir, has_run, read_state
+from harness.training.checkpoint import CHECKPOINT, FILES, OLD, TMP, checkpoint_dir, has_run, read_state
 from reports.cli import cli
 from tests.fuzz_helpers import TALLY, install_summary
 

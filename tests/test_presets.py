@@ -1,4 +1,4 @@
-"""Named presets (harness.train.presets): the registry, the demo alias, CLI --preset and its overrides."""
+"""Named presets (harness.training.presets): the registry, the demo alias, CLI --preset and its overrides."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness import demo_configs
-from harness.train.presets import PRESETS, preset
-from harness.train.tasks import make_task
+from harness.training.presets import PRESETS, preset
+from harness.training.tasks import make_task
 from reports import options
 from reports.cli import cli
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import probes
 from harness import ModelConfig, Transformer
 from probes import gates
-from probes._validate import model_info, prepare
+from probes._validate import model_info, probe_data
 from probes.roles import role_key_sets
 from reports.bench.reference import naive_head_ablation, reference_loss
 from tests.helpers.fixed_pattern import FixedPatternModel
@@ -79,7 +79,7 @@ def test_prefix_reuse_changes_no_number():
     model = tiny(n_layers=3)
     info = model_info(model)
     assert info.prefix_reuse  # our Transformer can stop and start at a layer
-    d = prepare(info, data())
+    d = probe_data(info, data())
     g = torch.Generator().manual_seed(1)
     masks = (torch.rand(9, 3, 4, generator=g) > 0.4).float()
     masks[0] = 1
@@ -109,7 +109,7 @@ def test_mean_ablation_uses_per_position_means():
     # and head_means itself is the per-position mean over sequences (run_with_cache hooks the pattern,
     # which takes the explicit softmax path; head_means runs SDPA: kernels differ by float32 rounding)
     info = model_info(model)
-    torch.testing.assert_close(gates.head_means(model, info, prepare(info, tokens)), torch.stack(per_position),
+    torch.testing.assert_close(gates.head_means(model, info, probe_data(info, tokens)), torch.stack(per_position),
                                atol=1e-5, rtol=0)
 
 

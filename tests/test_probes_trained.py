@@ -14,7 +14,7 @@ import torch
 import harness
 import probes
 from harness import ModelConfig, TrainConfig
-from harness.train.tasks import make_task
+from harness.training.tasks import make_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

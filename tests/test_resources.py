@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import importlib
 import os
 import re
 import resource
@@ -26,12 +25,11 @@ import torch
 from click.testing import CliRunner
 
 from harness import ModelConfig, TrainConfig, TrainingDiverged, load_run, train
-from harness.train.checkpoint import CHECKPOINT, TMP, read_state
-from harness.train.tasks import make_task
+from harness.training import loop as train_module
+from harness.training.checkpoint import CHECKPOINT, TMP, read_state
+from harness.training.tasks import make_task
 from reports.cli import cli
 from tests.fuzz_helpers import one_line_error, snapshot
-
-train_module = importlib.import_module("harness.train.loop")  # the module, not the function harness.train
 
 MODEL = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=16, n_ctx=16, attn_only=True)
 CFG = TrainConfig(task="induction", seq_len=8, batch_size=8, steps=6, warmup=0, eval_every=2, eval_batches=1,

@@ -1,7 +1,7 @@
 """The run directory: one layout (RunDir), one atomic writer, and every file read back by its reader.
 
 Each file is written by the stage that owns it and read back through reports.rundata, which
-must find exactly the columns the writer declares (harness.train.metrics.COLUMNS,
+must find exactly the columns the writer declares (harness.training.metrics.COLUMNS,
 properties.suite.COLUMNS, properties.saturation.COLUMNS, probes.roles.ROLES, probes METHODS):
 a writer and a reader that drifted apart fail here.
 """
@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from harness.run_dir import RunDir, atomic_write, atomic_write_json, atomic_write_text, read_json
-from harness.train import metrics
-from harness.train.checkpoint import CHECKPOINT, OLD, TMP
+from harness.training import metrics
+from harness.training.checkpoint import CHECKPOINT, OLD, TMP
 from probes.importance import METHODS
 from probes.roles import ROLES
 from properties import saturation, suite

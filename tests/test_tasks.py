@@ -1,11 +1,11 @@
-"""harness.train.tasks: every task's batches checked against an independent recomputation in plain Python."""
+"""harness.training.tasks: every task's batches checked against an independent recomputation in plain Python."""
 
 
 import pytest
 import torch
 
-from harness.train.tasks import TASKS, make_task, shifted
-from harness.train.text_corpus import collect_files, split_files
+from harness.training.tasks import TASKS, make_task, shifted
+from harness.training.text_corpus import collect_files, split_files
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

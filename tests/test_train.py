@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from harness import ModelConfig, TrainConfig, Transformer, demo_configs, load_run, train
-from harness.train.loop import TrainingDiverged
-from harness.train.metrics import COLUMNS, cpu_matmul_rate, flops_per_token, non_embedding_params, peak_flops
-from harness.train.optim import make_optimizer, param_groups, smoothed_cross_entropy
-from harness.train.schedules import lr_at
-from harness.train.tasks import make_task, shifted
+from harness.training.loop import TrainingDiverged
+from harness.training.metrics import COLUMNS, cpu_matmul_rate, flops_per_token, non_embedding_params, peak_flops
+from harness.training.optim import make_optimizer, param_groups, smoothed_cross_entropy
+from harness.training.schedules import lr_at
+from harness.training.tasks import make_task, shifted
 
 TINY = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=16, n_ctx=16)
 TINY_TRAIN = TrainConfig(seq_len=16, batch_size=8, steps=6, warmup=2, eval_every=3, log_every=2,
@@ -209,7 +209,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     with pytest.raises(TrainingDiverged, match=r"step 7: the training loss is nan.*checkpoint \(step 5\)"):
         train(model, cfg, tmp_path, progress=False)
     assert issubclass(TrainingDiverged, RuntimeError)
-    from harness.train.checkpoint import read_state
+    from harness.training.checkpoint import read_state
 
     assert read_state(tmp_path)["step"] == 5
     loaded = load_run(tmp_path)

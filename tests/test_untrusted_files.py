@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import ModelConfig, TrainConfig, load_run, train
-from harness.train.checkpoint import load_optimizer, read_state
-from harness.train.metrics import COLUMNS as ALL_METRICS
-from harness.train.optim import make_optimizer
+from harness.training.checkpoint import load_optimizer, read_state
+from harness.training.metrics import COLUMNS as ALL_METRICS
+from harness.training.optim import make_optimizer
 from reports import pipeline, rundata
 from reports.cli import cli
 from tests.fuzz_helpers import count_file_case, fuzz_settings, install_summary, one_line_error, snapshot
@@ -163,7 +163,7 @@ def test_no_module_can_unpickle():
 
 
 def _configs(run_dir):
-    from harness.train.checkpoint import read_configs
+    from harness.training.checkpoint import read_configs
 
     model, train_cfg = read_configs(run_dir)
     return model, train_cfg.replace(steps=train_cfg.steps + 2)

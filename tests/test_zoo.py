@@ -52,7 +52,7 @@ def test_zoo_size_and_fast_tier():
     with pytest.raises(ValueError, match="not in the zoo"):
         zoo.build("t5")
     with pytest.raises(ValueError, match="adapter="):
-        zoo.wrap("gpt2", "nnsight")
+        zoo.adapted("gpt2", "nnsight")
 
 
 def test_opt_declares_its_prescaled_query():

@@ -111,7 +111,7 @@ def build(arch: str) -> torch.nn.Module:
         return ZOO[arch]().eval()
 
 
-def wrap(arch: str, adapter: str) -> torch.nn.Module:
+def adapted(arch: str, adapter: str) -> torch.nn.Module:
     """``arch`` behind HFAdapter ("hf") or TransformerLens's bridge ("bridge")."""
     from harness.adapters import BridgeAdapter, HFAdapter
 
@@ -130,7 +130,7 @@ def run(arch: str, adapter: str, *, seed: int = SEED, max_examples: int = MAX_EX
 
     row = ZooRow(arch, adapter)
     try:
-        model = wrap(arch, adapter)
+        model = adapted(arch, adapter)
         row.route = getattr(model, "route", "bridge")
         with torch.no_grad():
             model(torch.zeros(1, 2, dtype=torch.long))

@@ -5,7 +5,7 @@ is the one checker both call, and :class:`BridgeAdapter` wraps a TransformerLens
 """
 
 from harness.adapters.bridge import BridgeAdapter, ProtocolConfig
-from harness.adapters.entry import wrap
+from harness.adapters.entry import adapt
 from harness.adapters.function import FunctionModel
 from harness.adapters.hf import HFAdapter
 from harness.adapters.hf_design import HFDesign
@@ -21,4 +21,4 @@ from harness.adapters.protocol import (
 
 __all__ = ["AnyModel", "BridgeAdapter", "FunctionModel", "HFAdapter", "HFDesign", "ModelCfg", "ProtocolConfig",
            "ProtocolModel", "UnsupportedInput",
-           "check_protocol", "observed_hooks", "required_hooks", "wrap"]
+           "check_protocol", "observed_hooks", "required_hooks", "adapt"]

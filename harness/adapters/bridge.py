@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 
 from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES, wrapped_inputs
+from harness.errors import AttnlabError, AttnlabTypeError
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def is_bridge(obj: Any) -> bool:
     """Whether ``obj`` is a TransformerLens ``TransformerBridge`` (a hooked module around a Hugging Face model).
 
     By type, not by attributes: an adapter around a Hugging Face model may carry ``original_model``
-    and ``hook_dict`` too. The one bridge test: :func:`harness.adapters.entry.wrap`, the adapter and
+    and ``hook_dict`` too. The one bridge test: :func:`harness.adapters.entry.adapt`, the adapter and
     the probes all ask it.
     """
     try:
@@ -73,7 +74,8 @@ class BridgeAdapter(HookedRootModule):
     def __init__(self, bridge: Any, design: Any = None):  # a TransformerBridge (checked below); dynamic attributes
         super().__init__()
         if not is_bridge(bridge):
-            raise TypeError(f"BridgeAdapter expects a transformer_lens TransformerBridge, got {type(bridge).__name__}")
+            raise AttnlabTypeError(f"BridgeAdapter expects a transformer_lens TransformerBridge, got "
+                                   f"{type(bridge).__name__}")
         if "blocks.0.attn.hook_pattern" not in bridge.hook_dict:
             # TransformerLens hook names live in compatibility mode; no_processing keeps the weights as given
             bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
@@ -96,9 +98,10 @@ class BridgeAdapter(HookedRootModule):
         pos = getattr(cfg, "positional_embedding_type", None)
         direction = getattr(cfg, "attention_dir", "causal")
         if pos not in POSITIONAL_TYPES:
-            raise TypeError(f"bridge cfg.positional_embedding_type={pos!r} is not one of {list(POSITIONAL_TYPES)}")
+            raise AttnlabTypeError(f"bridge cfg.positional_embedding_type={pos!r} is not one of "
+                                   f"{list(POSITIONAL_TYPES)}")
         if direction not in ATTENTION_DIRS:
-            raise TypeError(f"bridge cfg.attention_dir={direction!r} is not one of {list(ATTENTION_DIRS)}")
+            raise AttnlabTypeError(f"bridge cfg.attention_dir={direction!r} is not one of {list(ATTENTION_DIRS)}")
         facts: dict[str, Any] = {}
         if design is not None and design.n_layers == cfg.n_layers:
             # the bridge's hook_q is q as the projection gives it, before a pre-scale (OPT) the HF route's
@@ -123,7 +126,7 @@ class BridgeAdapter(HookedRootModule):
         from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
         if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
-            raise TypeError(f"from_hf expects a Hugging Face PreTrainedModel, got {type(hf_model).__name__}")
+            raise AttnlabTypeError(f"from_hf expects a Hugging Face PreTrainedModel, got {type(hf_model).__name__}")
         from harness.adapters.hf_design import design_of
 
         arch = architecture or (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
@@ -152,6 +155,6 @@ class BridgeAdapter(HookedRootModule):
         mask = wrapped_inputs(tokens, attention_mask, position_offset)
         position_ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)
         if cfg.positional_embedding_type == "standard" and int(position_ids.max()) >= cfg.n_ctx:
-            raise ValueError(f"position {int(position_ids.max())} is past the learned position table: "
-                             f"expected positions < n_ctx={cfg.n_ctx}")
+            raise AttnlabError(f"position {int(position_ids.max())} is past the learned position table: "
+                               f"expected positions < n_ctx={cfg.n_ctx}")
         return self.bridge(tokens, attention_mask=mask, position_ids=position_ids)

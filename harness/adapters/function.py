@@ -20,6 +20,8 @@ from typing import Any, Optional
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 
+from harness.errors import AttnlabTypeError
+
 
 class FunctionModel(HookedRootModule):
     """``fn(tokens, attention_mask=None, position_offset=0) -> logits [batch, pos, d_vocab]`` with a ``cfg``.
@@ -32,9 +34,10 @@ class FunctionModel(HookedRootModule):
     def __init__(self, fn: Callable[..., Tensor], cfg: Any):
         super().__init__()
         if not callable(fn):
-            raise TypeError(f"FunctionModel expects a callable (an nn.Module or a function), got {type(fn).__name__}")
+            raise AttnlabTypeError(f"FunctionModel expects a callable (an nn.Module or a function), got "
+                                   f"{type(fn).__name__}")
         if cfg is None:
-            raise TypeError("FunctionModel needs cfg: a mapping or object with the protocol's cfg fields")
+            raise AttnlabTypeError("FunctionModel needs cfg: a mapping or object with the protocol's cfg fields")
         if isinstance(fn, nn.Module):
             self.module = fn
         else:

@@ -28,6 +28,7 @@ from harness.adapters import hf_attention as attention
 from harness.adapters import hf_routes as routes
 from harness.adapters.hf_design import HFDesign, position_embedding_module, read_design
 from harness.adapters.protocol import wrapped_inputs
+from harness.errors import AttnlabError, AttnlabTypeError
 
 ATTN_POINTS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores", "hook_pattern", "hook_z")
 
@@ -102,14 +103,15 @@ class HFAdapter(HookedRootModule):
     def __init__(self, hf_model: Any):
         super().__init__()
         if not _is_pretrained(hf_model):
-            raise TypeError(f"HFAdapter expects a transformers.PreTrainedModel, got {type(hf_model).__name__}")
+            raise AttnlabTypeError(f"HFAdapter expects a transformers.PreTrainedModel, got {type(hf_model).__name__}")
         config = hf_model.config
         arch = getattr(config, "model_type", type(hf_model).__name__)
         supported = ", ".join(routes.TABLE_ARCHS)
         layers = routes.find_layers(hf_model, getattr(config.get_text_config(), "num_hidden_layers", None))
         attns = [routes.attention_module(layer) for layer in layers] if layers is not None else []
         if getattr(config, "is_encoder_decoder", False) or layers is None or any(a is None for a in attns):
-            raise TypeError(f"architecture {arch!r} ({type(hf_model).__name__}) is not supported by HFAdapter: it "
+            raise AttnlabTypeError(f"architecture {arch!r} ({type(hf_model).__name__}) is not supported by "
+                                   f"HFAdapter: it "
                             f"has no stack of attention blocks the adapter can find (encoder-decoder models are not "
                             f"supported); supported architectures: {supported}")
         self.hf_model = hf_model.eval()
@@ -119,7 +121,8 @@ class HFAdapter(HookedRootModule):
         self._cfg = read_design(hf_model, attns, d_head)
         self.route = self._choose_route(hf_model, attns)
         if self.route == routes.MODULE_HOOKS and any(o is None for o in self._outs):
-            raise TypeError(f"architecture {arch!r} does not dispatch through transformers' AttentionInterface and "
+            raise AttnlabTypeError(f"architecture {arch!r} does not dispatch through transformers' "
+                                   f"AttentionInterface and "
                             f"has no attention output projection to hook; supported architectures: {supported}")
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
@@ -137,7 +140,7 @@ class HFAdapter(HookedRootModule):
 
     @classmethod
     def of(cls, hf_model: nn.Module) -> HFAdapter:
-        """The adapter already wrapping ``hf_model``, or a new one (what :func:`harness.adapters.wrap` uses)."""
+        """The adapter already wrapping ``hf_model``, or a new one (what :func:`harness.adapters.adapt` uses)."""
         existing = getattr(hf_model, "__dict__", {}).get("_attnlab_adapter")
         return existing if isinstance(existing, cls) and existing._handles else cls(hf_model)
 
@@ -297,16 +300,16 @@ class HFAdapter(HookedRootModule):
         ids = self.position_ids(mask, position_offset)
         if "position_ids" in self._params:
             if cfg.positional_embedding_type == "standard" and int(ids.max()) - cfg.pos_offset >= cfg.n_ctx:
-                raise ValueError(f"position {int(ids.max()) - cfg.pos_offset} is past the learned position table: "
-                                 f"expected positions < n_ctx={cfg.n_ctx}")
+                raise AttnlabError(f"position {int(ids.max()) - cfg.pos_offset} is past the learned position table: "
+                                   f"expected positions < n_ctx={cfg.n_ctx}")
             kwargs["position_ids"] = ids
         elif position_offset and self._offset_table:
             # numbered by index from the offset, as the model numbers its own positions (left padding moves them;
             # only rotary tables take this path, and rotary scores see only differences of positions)
             self._table_ids = position_offset + torch.arange(tokens.shape[1], device=tokens.device)
         elif position_offset and cfg.positional_embedding_type not in ("alibi", "none"):
-            raise ValueError(f"position_offset={position_offset} cannot be given to {cfg.arch}: its forward takes "
-                             f"no position_ids; expected position_offset=0")
+            raise AttnlabError(f"position_offset={position_offset} cannot be given to {cfg.arch}: its forward takes "
+                               f"no position_ids; expected position_offset=0")
         # alibi models without position_ids (Bloom, MPT) number keys from the mask; an offset would shift every
         # key of a query by the same slope * offset, which softmax cannot see, so it is dropped exactly.
         if "use_cache" in self._params:
@@ -341,13 +344,13 @@ class HFAdapter(HookedRootModule):
         cache to pass next: ``(hf_cache, mask so far)``. ``attention_mask`` covers the new tokens only."""
         if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, new]")
+            raise AttnlabError(f"tokens {shape} are invalid: expected integer token ids [batch, new]")
         new = torch.ones_like(tokens) if attention_mask is None else attention_mask.long()
         if tuple(new.shape) != tuple(tokens.shape):
-            raise ValueError(f"attention_mask has shape {tuple(new.shape)}: expected [batch, new] = "
-                             f"{tuple(tokens.shape)}")
+            raise AttnlabError(f"attention_mask has shape {tuple(new.shape)}: expected [batch, new] = "
+                               f"{tuple(tokens.shape)}")
         if past is not None and not (isinstance(past, tuple) and len(past) == 2):
-            raise TypeError(f"past must be None or what forward_with_cache returned, got {type(past).__name__}")
+            raise AttnlabTypeError(f"past must be None or what forward_with_cache returned, got {type(past).__name__}")
         cache, seen = (None, new[:, :0]) if past is None else past
         mask = torch.cat((seen, new), 1)
         kwargs: dict[str, Any] = {"attention_mask": mask, "use_cache": True, self._cache_param() or "cache": cache}
@@ -365,8 +368,8 @@ class HFAdapter(HookedRootModule):
             with torch.no_grad():
                 logits = self(tokens)
         except Exception as exc:  # noqa: BLE001 - any failure of the user's model is reported as one error
-            raise ValueError(f"{self._cfg.arch} model ({type(self.hf_model).__name__}) raised "
-                             f"{type(exc).__name__} on a plain {n}-token input: {exc}") from exc
+            raise AttnlabError(f"{self._cfg.arch} model ({type(self.hf_model).__name__}) raised "
+                               f"{type(exc).__name__} on a plain {n}-token input: {exc}") from exc
         if tuple(logits.shape) != (1, n, self._cfg.d_vocab):
-            raise TypeError(f"{self._cfg.arch} model returned logits {tuple(logits.shape)}: expected "
-                            f"[batch, pos, d_vocab] = {(1, n, self._cfg.d_vocab)} (a causal or masked LM head)")
+            raise AttnlabTypeError(f"{self._cfg.arch} model returned logits {tuple(logits.shape)}: expected "
+                                   f"[batch, pos, d_vocab] = {(1, n, self._cfg.d_vocab)} (a causal or masked LM head)")

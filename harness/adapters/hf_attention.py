@@ -27,6 +27,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from harness.errors import AttnlabError
+
 # The layer whose attention module is running (set by a pre-hook on that module).
 CURRENT: contextvars.ContextVar[Optional[LayerTap]] = contextvars.ContextVar("attnlab_current_layer", default=None)
 # attention module -> its LayerTap; weak so a discarded adapter leaves nothing behind.
@@ -182,8 +184,8 @@ class RotaryTap:
         if n_rep > 1:
             groups = out.unflatten(1, (-1, n_rep))
             if not torch.equal(groups, groups[:, :, :1].expand_as(groups)):
-                raise ValueError("a hook_k edit differs between query heads that share a key/value head (grouped-"
-                                 "query attention): expected the same edit on every head of a group")
+                raise AttnlabError("a hook_k edit differs between query heads that share a key/value head (grouped-"
+                                   "query attention): expected the same edit on every head of a group")
             out = groups[:, :, 0]
         return out if head_first else out.transpose(1, 2)
 

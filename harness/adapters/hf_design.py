@@ -20,6 +20,8 @@ from typing import Any, Optional, cast
 
 from torch import nn
 
+from harness.errors import AttnlabTypeError
+
 # Architectures whose ALiBi bias is slope * key_index (Bloom's build_alibi_tensor, Falcon's copy
 # of it, MPT's slope * (key - last)): it differs from Press et al.'s slope * (key - query) by a
 # per-query constant, which softmax cannot see.
@@ -221,8 +223,8 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
     d_model = _int(config, "hidden_size", "d_model", "n_embd")
     if n_heads is None or d_model is None:
         missing = "the number of attention heads" if n_heads is None else "the model width"
-        raise TypeError(f"architecture {arch!r}: its config names {missing} under no field the adapter knows "
-                        "(num_attention_heads/n_head/n_heads, hidden_size/d_model/n_embd)")
+        raise AttnlabTypeError(f"architecture {arch!r}: its config names {missing} under no field the adapter knows "
+                               "(num_attention_heads/n_head/n_heads, hidden_size/d_model/n_embd)")
     n_kv = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv")
     if arch == "falcon" and not getattr(config, "new_decoder_architecture", False):
         n_kv = 1 if getattr(config, "multi_query", False) else n_heads
@@ -267,6 +269,6 @@ def design_of(hf_model: nn.Module) -> HFDesign:
     layers = routes.find_layers(hf_model, getattr(_text_config(config), "num_hidden_layers", None))
     attns = [routes.attention_module(layer) for layer in layers] if layers is not None else []
     if not attns or any(a is None for a in attns):
-        raise TypeError(f"{type(hf_model).__name__} has no stack of attention blocks to read a design from")
+        raise AttnlabTypeError(f"{type(hf_model).__name__} has no stack of attention blocks to read a design from")
     return read_design(hf_model, attns, HFAdapter._head_dim(cast(nn.Module, attns[0]), config))
 

@@ -19,6 +19,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from harness._checks import check_int, is_int
+from harness.errors import AttnlabError, AttnlabTypeError
 
 CFG_FIELDS = ("n_layers", "n_heads", "d_head", "d_model", "d_vocab", "n_ctx",
               "positional_embedding_type", "attention_dir")
@@ -161,8 +162,8 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
         hint = " (wrap a TransformerBridge with properties.BridgeAdapter)" if hasattr(model, "original_model") else \
             " (a plain module or function: properties.check_model(model, cfg=...) checks its outputs)" \
             if callable(model) else ""
-        raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
-                        f"it is not a transformer_lens.HookedRootModule{hint}")
+        raise AttnlabTypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
+                               f"it is not a transformer_lens.HookedRootModule{hint}")
     missing = _cfg_problems(model)
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
@@ -180,8 +181,8 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
         if not problems:
             missing += [f"hook point {name} never fires in a forward pass" for name in watch if name not in fired]
     if missing:
-        raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
-                        + "; ".join(missing))
+        raise AttnlabTypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
+                               + "; ".join(missing))
 
 
 def observed_hooks(model: ProtocolModel) -> set[str]:
@@ -193,8 +194,8 @@ def observed_hooks(model: ProtocolModel) -> set[str]:
     """
     problems, fired = _smoke(model, list(model.hook_dict))
     if problems:
-        raise TypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
-                        + "; ".join(problems))
+        raise AttnlabTypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
+                               + "; ".join(problems))
     return fired
 
 
@@ -297,7 +298,7 @@ class _Patcher:
 
 
 @torch.no_grad()
-def run(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
+def forward_capture(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
         attention_mask: Optional[Shaped[Tensor, "batch pos"]] = None, position_offset: int = 0,
         capture: Iterable[str] = (), patch: Optional[dict[str, Tensor]] = None
         ) -> tuple[Float64[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
@@ -342,7 +343,7 @@ def all_heads(x: Float[Tensor, "batch pos h d_head"], n_heads: int) -> Float[Ten
     if h == n_heads:
         return x
     if n_heads % h:
-        raise TypeError(f"hook tensor has {h} heads, which does not divide cfg.n_heads={n_heads}")
+        raise AttnlabTypeError(f"hook tensor has {h} heads, which does not divide cfg.n_heads={n_heads}")
     return x.repeat_interleave(n_heads // h, dim=2)
 
 
@@ -388,11 +389,11 @@ def wrapped_inputs(tokens: object, attention_mask: Optional[Tensor], position_of
     """
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise ValueError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
+        raise AttnlabError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
     check_int("position_offset", position_offset, 0)
     if attention_mask is None:
         return torch.ones_like(tokens)
     if tuple(attention_mask.shape) != tuple(tokens.shape):
-        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
-                         f"[batch, pos] = {tuple(tokens.shape)}")
+        raise AttnlabError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
+                           f"[batch, pos] = {tuple(tokens.shape)}")
     return attention_mask.long()

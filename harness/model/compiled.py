@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.errors import AttnlabTypeError
+
 __all__ = ["HookAwareCompiled"]
 
 
@@ -29,8 +31,8 @@ class HookAwareCompiled(nn.Module):
         super().__init__()
         hook_dict = getattr(model, "hook_dict", None)
         if not isinstance(hook_dict, dict):
-            raise TypeError("HookAwareCompiled expects a HookedRootModule (with hook_dict), "
-                            f"got {type(model).__name__}")
+            raise AttnlabTypeError("HookAwareCompiled expects a HookedRootModule (with hook_dict), "
+                                   f"got {type(model).__name__}")
         self.model = model
         self._points = list(hook_dict.values())
         # Kept out of the module tree: the compiled wrapper shares model's parameters, and registering

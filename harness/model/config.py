@@ -22,6 +22,7 @@ from harness._checks import (
     check_seed,
     invalid,
 )
+from harness.errors import AttnlabError, AttnlabTypeError
 
 ACT_FNS = ("relu", "gelu", "gelu_new", "silu")
 NORMALIZATION_TYPES = ("LN", "RMS", None)
@@ -47,11 +48,11 @@ class _JSONMixin:
     @classmethod
     def from_dict(cls, data: dict):
         if not isinstance(data, dict):
-            raise TypeError(f"{cls.__name__}.from_dict expects a dict, got {type(data).__name__}")
+            raise AttnlabTypeError(f"{cls.__name__}.from_dict expects a dict, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
+            raise AttnlabError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
         return cls(**data)
 
     @classmethod
@@ -62,7 +63,7 @@ class _JSONMixin:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             where = f" in {path}" if path is not None else ""
-            raise ValueError(f"{cls.__name__}: invalid JSON{where}: {exc}") from None
+            raise AttnlabError(f"{cls.__name__}: invalid JSON{where}: {exc}") from None
         return cls.from_dict(data)
 
 

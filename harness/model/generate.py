@@ -14,6 +14,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from harness._checks import check_int, check_number
+from harness.errors import AttnlabError
 from harness.model.inputs import check_mask, check_tokens
 from harness.model.kv_cache import KVCache
 
@@ -26,7 +27,8 @@ def _check(model, tokens, max_new_tokens, temperature, top_k) -> None:
                  expected="a number >= 0 (0 = greedy)")
     check_int("top_k", top_k, 1, cfg.d_vocab, none_ok=True)
     if cfg.attention_dir != "causal":
-        raise ValueError("generate needs a causal model: attention_dir='bidirectional' lets every token see the future")
+        raise AttnlabError("generate needs a causal model: attention_dir='bidirectional' lets every token see "
+                           "the future")
     check_tokens(tokens, cfg.d_vocab)
 
 
@@ -58,8 +60,8 @@ def generate(model, tokens: Tensor, max_new_tokens: int, *, temperature: float =
     if model.config.positional_embedding_type == "standard":
         last = int(mask.sum(-1).max()) + max_new_tokens - 1
         if last > model.config.n_ctx:
-            raise ValueError(f"generating {max_new_tokens} tokens reaches position {last - 1}: expected positions "
-                             f"< n_ctx={model.config.n_ctx} for the learned position table")
+            raise AttnlabError(f"generating {max_new_tokens} tokens reaches position {last - 1}: expected positions "
+                               f"< n_ctx={model.config.n_ctx} for the learned position table")
     out, steps = tokens, []
     cache = KVCache(model.config.n_layers) if use_cache else None
     logits = model(tokens, attention_mask=mask, kv_cache=cache)[:, -1]

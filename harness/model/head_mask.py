@@ -17,6 +17,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from harness._checks import is_number
+from harness.errors import AttnlabError
 
 __all__ = ["normalize_head_mask", "check_head_mask_shape", "apply_head_mask", "head_mask_of"]
 
@@ -24,11 +25,11 @@ _HANDLES = "_attnlab_head_mask_handles"  # attribute on the model: the hooks thi
 _MASK = "_attnlab_head_mask"
 
 
-def _fail(value: Any, expected: str) -> ValueError:
+def _fail(value: Any, expected: str) -> AttnlabError:
     text = repr(value)
     if len(text) > 200:
         text = text[:200] + "..."
-    return ValueError(f"head_mask={text} is invalid: expected {expected}")
+    return AttnlabError(f"head_mask={text} is invalid: expected {expected}")
 
 
 def normalize_head_mask(mask: Any) -> tuple[tuple[int, ...], ...]:
@@ -64,8 +65,8 @@ def check_head_mask_shape(mask: tuple[tuple[int, ...], ...], n_layers: int, n_he
     shape = (len(mask), len(mask[0]))
     if shape != (n_layers, n_heads):
         grid = [list(r) for r in mask]
-        raise ValueError(f"head_mask={grid} of shape {list(shape)} is invalid: expected the model's "
-                         f"[n_layers, n_heads] = [{n_layers}, {n_heads}]")
+        raise AttnlabError(f"head_mask={grid} of shape {list(shape)} is invalid: expected the model's "
+                           f"[n_layers, n_heads] = [{n_layers}, {n_heads}]")
 
 
 def _zero_pruned(keep: Tensor):

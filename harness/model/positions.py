@@ -15,6 +15,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from harness.errors import AttnlabError
+
 
 def sinusoidal_table(positions: Int[Tensor, "*batch"], d_model: int, base: float = 10000.0,
                      dtype: torch.dtype = torch.float32) -> Float[Tensor, "*batch d_model"]:
@@ -25,7 +27,7 @@ def sinusoidal_table(positions: Int[Tensor, "*batch"], d_model: int, base: float
     PE(pos + k) is a fixed rotation R(k) of PE(pos) (see :func:`sinusoidal_shift_matrix`).
     """
     if d_model % 2:
-        raise ValueError(f"d_model={d_model} is invalid: expected an even number")
+        raise AttnlabError(f"d_model={d_model} is invalid: expected an even number")
     inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device) / d_model)
     angles = positions.to(torch.float64)[..., None] * inv_freq  # [..., d_model/2]
     table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave sin, cos
@@ -61,7 +63,7 @@ def rotary_cos_sin(positions: Int[Tensor, "*batch"], d_head: int, base: float = 
     offset does not lose precision before the cast.
     """
     if d_head % 2:
-        raise ValueError(f"d_head={d_head} is invalid: expected an even number for rotary")
+        raise AttnlabError(f"d_head={d_head} is invalid: expected an even number for rotary")
     inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64, device=positions.device) / d_head)
     angles = positions.to(torch.float64)[..., None] * inv_freq  # [..., d_head/2]
     angles = torch.cat((angles, angles), dim=-1)
@@ -90,7 +92,7 @@ def alibi_slopes(n_heads: int) -> Float[Tensor, " n_heads"]:
     smaller power of two, then every other slope of the next power of two.
     """
     if n_heads < 1:
-        raise ValueError(f"n_heads={n_heads} is invalid: expected an integer >= 1")
+        raise AttnlabError(f"n_heads={n_heads} is invalid: expected an integer >= 1")
 
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-8 / n)

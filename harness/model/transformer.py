@@ -26,6 +26,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from harness._checks import check_int
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import DTYPES, ModelConfig
 from harness.model.generate import generate as _generate
 from harness.model.inputs import check_mask, check_offset, check_tokens
@@ -74,7 +75,7 @@ class Transformer(HookedRootModule):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if not isinstance(cfg, ModelConfig):
-            raise TypeError(f"Transformer expects a harness.ModelConfig, got {type(cfg).__name__}")
+            raise AttnlabTypeError(f"Transformer expects a harness.ModelConfig, got {type(cfg).__name__}")
         self.config = cfg
         dtype = TORCH_DTYPES[cfg.dtype]
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model, dtype=dtype)
@@ -151,8 +152,8 @@ class Transformer(HookedRootModule):
             k_pos = offset + (key_mask.long().cumsum(-1) - 1).clamp(min=0)
         q_pos = k_pos[:, past:]
         if self.pos_type == "standard" and not torch.compiler.is_compiling() and int(q_pos.max()) >= cfg.n_ctx:
-            raise ValueError(f"position {int(q_pos.max())} (position_offset={offset}, {past} cached) is past the "
-                             f"learned position table: expected positions < n_ctx={cfg.n_ctx}")
+            raise AttnlabError(f"position {int(q_pos.max())} (position_offset={offset}, {past} cached) is past the "
+                               f"learned position table: expected positions < n_ctx={cfg.n_ctx}")
         causal = cfg.attention_dir == "causal"
         allowed = None
         if key_mask is not None or (causal and past > 0 and q > 1) or self.pos_type == "alibi":
@@ -200,8 +201,8 @@ class Transformer(HookedRootModule):
             if not isinstance(tokens, Tensor) or tokens.ndim != 3 or tokens.shape[-1] != cfg.d_model \
                     or not tokens.dtype.is_floating_point:
                 shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-                raise ValueError(f"with start_at_layer, the input {shape} must be a float residual stream "
-                                 f"[batch, pos, d_model={cfg.d_model}]")
+                raise AttnlabError(f"with start_at_layer, the input {shape} must be a float residual stream "
+                                   f"[batch, pos, d_model={cfg.d_model}]")
             batch, q = tokens.shape[:2]
             device, dtype = tokens.device, tokens.dtype
         mask = check_mask(attention_mask, batch, q)
@@ -245,9 +246,10 @@ class Transformer(HookedRootModule):
         ``attention_mask`` covers the new tokens only; the cache remembers earlier masks.
         """
         if self.config.attention_dir != "causal":
-            raise ValueError("forward_with_cache needs a causal model: attention_dir='bidirectional' lets every "
-                             "token see the future")
+            raise AttnlabError("forward_with_cache needs a causal model: attention_dir='bidirectional' lets every "
+                               "token see the future")
         if past is not None and not isinstance(past, KVCache):
-            raise TypeError(f"past must be None or the KVCache a previous call returned, got {type(past).__name__}")
+            raise AttnlabTypeError(f"past must be None or the KVCache a previous call returned, got "
+                                   f"{type(past).__name__}")
         cache = KVCache(self.config.n_layers) if past is None else past
         return self(tokens, attention_mask=attention_mask, kv_cache=cache), cache

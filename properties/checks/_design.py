@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from harness.adapters.protocol import ProtocolModel
+from harness.errors import AttnlabTypeError
 
 HALF_STYLES = ("half", "rotate_half", "neox", "llama")  # pairs (i, i + d/2), Su et al. 2021 eq. 34 re-laid
 INTERLEAVED_STYLES = ("interleaved", "gptj", "pairs")  # pairs (2i, 2i + 1), the paper's own layout
@@ -30,8 +31,8 @@ def windows(cfg: Any) -> tuple[Optional[int], ...]:
     declared = tuple(declared)
     if len(declared) != cfg.n_layers or any(
             w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1) for w in declared):
-        raise TypeError(f"cfg.sliding_window={cfg.sliding_window!r} is invalid: expected None, an "
-                        f"integer >= 1 or one entry (None or an integer >= 1) per layer ({cfg.n_layers} layers)")
+        raise AttnlabTypeError(f"cfg.sliding_window={cfg.sliding_window!r} is invalid: expected None, an "
+                               f"integer >= 1 or one entry (None or an integer >= 1) per layer ({cfg.n_layers} layers)")
     return declared
 
 
@@ -63,7 +64,7 @@ def rotary_design(cfg: Any) -> tuple[int, str, float]:
     elif style in INTERLEAVED_STYLES:
         style = "interleaved"
     else:
-        raise TypeError(f"cfg.rotary_style={style!r} is not one of {list(HALF_STYLES + INTERLEAVED_STYLES)}")
+        raise AttnlabTypeError(f"cfg.rotary_style={style!r} is not one of {list(HALF_STYLES + INTERLEAVED_STYLES)}")
     base = float(getattr(cfg, "rotary_base", None) or 10000.0)
     return int(dim), style, base
 

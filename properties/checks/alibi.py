@@ -33,7 +33,7 @@ import torch
 from hypothesis import strategies as st
 
 from harness._checks import check_positive_int
-from harness.adapters.protocol import run
+from harness.adapters.protocol import forward_capture
 from properties.checks._common import fmt, hook_gap, max_len, prepare
 from properties.checks._design import unit_roundoff
 from properties.search import PropertyResult, search
@@ -90,7 +90,7 @@ def alibi_slopes(model, *, seed: int = 0, max_examples: int | None = None,
     def measure(example):
         rows, n = example
         x = torch.tensor(rows, dtype=torch.long)[:, None].expand(-1, n).contiguous()
-        _, acts = run(model, x, capture=[name])
+        _, acts = forward_capture(model, x, capture=[name])
         u = unit_roundoff(acts[name].dtype)
         scores = acts[name].double()  # [batch, n_heads, q, k]
         i, j = torch.arange(n)[:, None].double(), torch.arange(n)[None, :].double()

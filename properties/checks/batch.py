@@ -6,7 +6,7 @@ between the batched run and each row run alone (``_common.LOGIT_RTOL``).
 
 from __future__ import annotations
 
-from harness.adapters.protocol import check_protocol, run
+from harness.adapters.protocol import check_protocol, forward_capture
 from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
 from properties.search import PropertyResult, search
 from properties.strategies import token_batches
@@ -21,10 +21,10 @@ def batch_independence(model, *, seed: int = 0, max_examples: int | None = None,
     cfg = model.cfg
 
     def measure(x):
-        batched, _ = run(model, x)
+        batched, _ = forward_capture(model, x)
         worst, where = 0.0, "rows independent"
         for r in range(x.shape[0]):
-            alone, _ = run(model, x[r:r + 1])
+            alone, _ = forward_capture(model, x[r:r + 1])
             dev, idx = scaled_deviation(batched[r], alone[0])
             if dev >= worst:
                 worst, where = dev, f"row {r}: logits differ by {fmt(dev)} at (pos, vocab)={idx}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import check_protocol, run
+from harness.adapters.protocol import check_protocol, forward_capture
 from properties.checks import design
 from properties.checks._common import LOGIT_RTOL, fmt, hook_gap, max_len, prepare, scaled_deviation
 from properties.search import PropertyResult, search
@@ -50,8 +50,8 @@ def causal_outputs(model, *, seed: int = 0, max_examples: int | None = None,
 
     def measure(example):
         x, cut, _ = example
-        a, _ = run(model, x)
-        b, _ = run(model, changed(example))
+        a, _ = forward_capture(model, x)
+        b, _ = forward_capture(model, changed(example))
         dev, idx = scaled_deviation(b[:, :cut], a[:, :cut])
         return dev, f"logits before the cut differ by {fmt(dev)} at (row, pos, vocab)={idx}"
 
@@ -80,7 +80,7 @@ def causal_pattern(model, *, seed: int = 0, max_examples: int | None = None,
     windows = [design.window(cfg, layer) for layer in range(cfg.n_layers)]
 
     def measure(x):
-        _, acts = run(model, x, capture=names)
+        _, acts = forward_capture(model, x, capture=names)
         worst, where = 0.0, "no weight on a key outside the causal window"
         for layer, name in enumerate(names):
             p = acts[name].double()  # [batch, n_heads, q, k]

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from hypothesis import strategies as st
 
+from harness.errors import AttnlabTypeError
 from harness.model import positions
 from properties.checks._common import fmt
 from properties.search import PropertyResult, search
@@ -47,7 +48,7 @@ def rotary_formula(rotary: Optional[RotaryFn] = None, *, seed: int = 0,
     """<R_m q, R_n k> == <R_{m+s} q, R_{n+s} k> for ``rotary(x, positions)`` (default: harness.positions)."""
     rotate = rotary or harness_rotary
     if not callable(rotate):
-        raise TypeError(f"rotary must be a callable (x, positions) -> rotated x, got {type(rotate).__name__}")
+        raise AttnlabTypeError(f"rotary must be a callable (x, positions) -> rotated x, got {type(rotate).__name__}")
 
     @st.composite
     def strategy(draw):
@@ -84,7 +85,7 @@ def sinusoidal_formula(table: Optional[Callable[[torch.Tensor, int], torch.Tenso
     shift_matrix = shift_matrix or positions.sinusoidal_shift_matrix
     for name, fn in (("table", table), ("shift_matrix", shift_matrix)):
         if not callable(fn):
-            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+            raise AttnlabTypeError(f"{name} must be callable, got {type(fn).__name__}")
     strategy = st.tuples(st.integers(1, 32).map(lambda h: 2 * h), st.integers(0, MAX_POS), st.integers(0, MAX_POS))
 
     def measure(example):

@@ -32,6 +32,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from harness.errors import AttnlabError
 from harness.model.positions import alibi_slopes
 from properties.checks._design import attn_scale, is_transformer_lens_cfg, rotary_design, windows
 
@@ -53,7 +54,7 @@ def softcap(cfg: Any) -> Optional[float]:
     declared = getattr(cfg, "attn_softcap", None)
     if declared is not None and (isinstance(declared, bool) or not isinstance(declared, (int, float))
                                  or not declared > 0):
-        raise ValueError(f"cfg.attn_softcap={declared!r} is invalid: expected None or a number > 0")
+        raise AttnlabError(f"cfg.attn_softcap={declared!r} is invalid: expected None or a number > 0")
     return None if declared is None else float(declared)
 
 
@@ -76,7 +77,7 @@ def rotary_layout(cfg: Any) -> tuple[int, Optional[str]]:
     """(rotated dims per head, pair style or None when the model does not declare one)."""
     dim, style, _ = rotary_design(cfg)
     if isinstance(dim, bool) or not 2 <= dim <= cfg.d_head or dim % 2:
-        raise ValueError(f"cfg.rotary_dim={dim!r} is invalid: expected an even integer in [2, d_head={cfg.d_head}]")
+        raise AttnlabError(f"cfg.rotary_dim={dim!r} is invalid: expected an even integer in [2, d_head={cfg.d_head}]")
     return dim, (style if getattr(cfg, "rotary_style", None) else None)
 
 
@@ -94,13 +95,13 @@ def alibi_design(cfg: Any) -> tuple[Tensor, str]:
     """(per-head slopes float64 ``[n_heads]``, style)."""
     style = getattr(cfg, "alibi_style", None) or "relative"
     if style not in ALIBI_STYLES:
-        raise ValueError(f"cfg.alibi_style={style!r} is invalid: expected one of {list(ALIBI_STYLES)}")
+        raise AttnlabError(f"cfg.alibi_style={style!r} is invalid: expected one of {list(ALIBI_STYLES)}")
     slopes = getattr(cfg, "alibi_slopes", None)
     if slopes is None:
         return alibi_slopes(cfg.n_heads), style
     slopes = torch.as_tensor(slopes, dtype=torch.float64).flatten()
     if slopes.numel() != cfg.n_heads or not bool(torch.isfinite(slopes).all()):
-        raise ValueError(f"cfg.alibi_slopes has {slopes.numel()} entries: expected {cfg.n_heads} finite numbers")
+        raise AttnlabError(f"cfg.alibi_slopes has {slopes.numel()} entries: expected {cfg.n_heads} finite numbers")
     return slopes, style
 
 

@@ -18,7 +18,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import run
+from harness.adapters.protocol import forward_capture
 from properties.checks._common import max_len, prepare
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches, token_batches
@@ -51,8 +51,8 @@ def finite_outputs(model, *, seed: int = 0, max_examples: int | None = None,
 
     def measure(example):
         x, mask = example
-        plain, _ = run(model, x, attention_mask=mask)
-        logits, acts = run(model, x, attention_mask=mask, capture=names)
+        plain, _ = forward_capture(model, x, attention_mask=mask)
+        logits, acts = forward_capture(model, x, attention_mask=mask, capture=names)
         found = list(acts.items())  # in the order the hooks first fired: the first bad one is where it starts
         found += [("logits (every hook captured)", logits), ("logits (no hooks attached)", plain)]
         total, where = 0, "all finite"

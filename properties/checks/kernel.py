@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import all_heads, run
+from harness.adapters.protocol import all_heads, forward_capture
 from properties.checks._common import fmt, hook_gap, max_len, prepare
 from properties.checks._design import model_dtype, windows
 from properties.search import PropertyResult, search
@@ -51,7 +51,7 @@ def kernel_consistency(model, *, seed: int = 0, max_examples: int | None = None,
 
     def measure(example):
         x, mask = example
-        _, acts = run(model, x, attention_mask=mask, capture=[nm for v in names.values() for nm in v])
+        _, acts = forward_capture(model, x, attention_mask=mask, capture=[nm for v in names.values() for nm in v])
         real = mask.bool() if mask is not None else torch.ones(x.shape, dtype=torch.bool)
         worst, where = 0.0, "kernel output equals pattern . V"
         for layer, (pn, vn, zn) in names.items():

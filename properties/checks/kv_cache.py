@@ -26,9 +26,9 @@ from harness.adapters.protocol import (
     CACHED_DECODING,
     call_model,
     check_protocol,
+    forward_capture,
     has_cached_decoding,
     model_device,
-    run,
 )
 from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
 from properties.search import PropertyResult, search
@@ -108,7 +108,7 @@ def _through_cache(model, cfg, n: int, new_max: int, seed: int, max_examples: in
         full_mask = torch.ones_like(tokens)
         if mask is not None:
             full_mask[:, : x.shape[1]] = mask
-        full, _ = run(model, tokens, attention_mask=full_mask)
+        full, _ = forward_capture(model, tokens, attention_mask=full_mask)
         p = x.shape[1]
         dev, idx = scaled_deviation(cached, full[:, p - 1:])
         return dev, (f"cached logits differ from a full recompute by {fmt(dev)} at (row, step, vocab)={idx} "
@@ -135,7 +135,7 @@ def _through_generate(model, cfg, n: int, new_max: int, seed: int, max_examples:
                                     return_logits=True, **kwargs)
         out, steps = out.cpu(), steps.cpu().double()
         full_mask = torch.ones_like(out) if mask is None else torch.cat((mask, torch.ones_like(out[:, x.shape[1]:])), 1)
-        full, _ = run(model, out, attention_mask=full_mask)
+        full, _ = forward_capture(model, out, attention_mask=full_mask)
         p = x.shape[1]
         dev, idx = scaled_deviation(steps, full[:, p - 1:p - 1 + n_new])
         return dev, f"cached logits differ from a full recompute by {fmt(dev)} at (row, step, vocab)={idx}"

@@ -9,7 +9,7 @@ token's position counts only the real tokens before it, so left padding moves no
 
 from __future__ import annotations
 
-from harness.adapters.protocol import check_protocol, run
+from harness.adapters.protocol import check_protocol, forward_capture
 from properties.checks._common import LOGIT_RTOL, fmt, hook_gap, max_len, prepare, scaled_deviation
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches
@@ -32,10 +32,10 @@ def padding_outputs(model, *, seed: int = 0, max_examples: int | None = None,
         return PropertyResult.not_applicable(OUTPUTS, LOGIT_RTOL, "n_ctx < 2")
 
     def measure(batch):
-        padded, _ = run(model, batch.tokens, attention_mask=batch.mask)
+        padded, _ = forward_capture(model, batch.tokens, attention_mask=batch.mask)
         worst, where = 0.0, "real-token logits unchanged"
         for r, row in enumerate(batch.rows):
-            alone, _ = run(model, batch.tokens.new_tensor([row]))
+            alone, _ = forward_capture(model, batch.tokens.new_tensor([row]))
             dev, idx = scaled_deviation(padded[r, batch.real_positions(r)], alone[0])
             if dev >= worst:
                 worst = dev
@@ -60,7 +60,7 @@ def padding_pattern(model, *, seed: int = 0, max_examples: int | None = None,
         return PropertyResult.unobservable(PATTERN, 0.0, gap)
 
     def measure(batch):
-        _, acts = run(model, batch.tokens, attention_mask=batch.mask, capture=names)
+        _, acts = forward_capture(model, batch.tokens, attention_mask=batch.mask, capture=names)
         real = batch.mask.bool()
         worst, where = 0.0, "no weight on padded keys"
         for layer, name in enumerate(names):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import check_protocol, run
+from harness.adapters.protocol import check_protocol, forward_capture
 from properties.checks._common import fmt, hook_gap, max_len, prepare
 from properties.search import PropertyResult, search
 from properties.strategies import padded_batches, token_batches
@@ -38,7 +38,7 @@ def pattern_distribution(model, *, seed: int = 0, max_examples: int | None = Non
 
     def measure(example):
         x, mask = example
-        _, acts = run(model, x, attention_mask=mask, capture=names)
+        _, acts = forward_capture(model, x, attention_mask=mask, capture=names)
         real = mask.bool() if mask is not None else x.new_ones(x.shape, dtype=bool)
         worst, where = 0.0, "every row is a distribution"
         for layer, name in enumerate(names):

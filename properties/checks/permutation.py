@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import check_protocol, run
+from harness.adapters.protocol import check_protocol, forward_capture
 from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
 from properties.search import PropertyResult, search
 from properties.strategies import permutations, token_batches
@@ -30,8 +30,8 @@ def permutation_equivariance(model, *, seed: int = 0, max_examples: int | None =
 
     def measure(example):
         x, perm = example
-        permuted, _ = run(model, x[:, perm])
-        reference, _ = run(model, x)
+        permuted, _ = forward_capture(model, x[:, perm])
+        reference, _ = forward_capture(model, x)
         dev, idx = scaled_deviation(permuted, reference[:, perm])
         return dev, f"logits differ by {fmt(dev)} at (row, pos, vocab)={idx}"
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import check_protocol, run
+from harness.adapters.protocol import check_protocol, forward_capture
 from properties.checks import design
 from properties.checks._common import LOGIT_RTOL, fmt, hook_gap, max_len, prepare, scaled_deviation
 from properties.search import PropertyResult, search
@@ -68,8 +68,8 @@ def relative_position(model, *, seed: int = 0, max_examples: int | None = None,
 
     def measure(example):
         x, offset = example
-        shifted, _ = run(model, x, position_offset=offset)
-        reference, _ = run(model, x)
+        shifted, _ = forward_capture(model, x, position_offset=offset)
+        reference, _ = forward_capture(model, x)
         dev, idx = scaled_deviation(shifted, reference)
         return dev, f"logits differ by {fmt(dev)} at (row, pos, vocab)={idx}"
 
@@ -112,8 +112,8 @@ def rotary_norm(model, *, seed: int = 0, max_examples: int | None = None,
 
     def measure(example):
         x, first, second = example
-        _, a = run(model, x, position_offset=first, capture=names + ([resid] if patchable else []))
-        _, b = run(model, x, position_offset=second, capture=names,
+        _, a = forward_capture(model, x, position_offset=first, capture=names + ([resid] if patchable else []))
+        _, b = forward_capture(model, x, position_offset=second, capture=names,
                    patch={resid: a[resid]} if patchable else None)
         worst, where = 0.0, "norms kept"
         for name, which in zip(names, ("q", "k"), strict=True):
@@ -156,8 +156,8 @@ def sinusoidal_shift(model, *, seed: int = 0, max_examples: int | None = None,
 
     def measure(example):
         x, offset = example
-        _, at_zero = run(model, x, capture=[name])
-        _, shifted = run(model, x, position_offset=offset, capture=[name])
+        _, at_zero = forward_capture(model, x, capture=[name])
+        _, shifted = forward_capture(model, x, position_offset=offset, capture=[name])
         p0, pc = at_zero[name][0].double(), shifted[name][0].double()  # [pos, d_model]
         dev, idx = scaled_deviation(pc @ pc.T, p0 @ p0.T)
         return dev, f"<PE(i), PE(j)> changes by {fmt(dev)} at (i, j)={idx}"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import run
+from harness.adapters.protocol import forward_capture
 from properties.checks._common import fmt, hook_gap, max_len, prepare
 from properties.checks._design import rotary_design, unit_roundoff
 from properties.search import PropertyResult, search
@@ -76,8 +76,8 @@ def rotary_precision(model, *, seed: int = 0, max_examples: int | None = None,
 
     def measure(example):
         x, offset = example
-        _, at0 = run(model, x, capture=names)
-        _, atp = run(model, x, position_offset=offset, capture=names)
+        _, at0 = forward_capture(model, x, capture=names)
+        _, atp = forward_capture(model, x, position_offset=offset, capture=names)
         dtype = at0[names[0]].dtype
         n = x.shape[1]
         allow = 16 * unit_roundoff(dtype) + 32 * (offset + n) * U32

@@ -23,7 +23,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import all_heads, check_protocol, run
+from harness.adapters.protocol import all_heads, check_protocol, forward_capture
 from properties.checks import design
 from properties.checks._common import fmt, hook_gap, max_len, prepare
 from properties.search import PropertyResult, search
@@ -76,7 +76,7 @@ def attention_scale(model, *, seed: int = 0, max_examples: int | None = None,
 
     def measure(example):
         x, offset = example
-        _, acts = run(model, x, position_offset=offset, capture=[n for v in names.values() for n in v])
+        _, acts = forward_capture(model, x, position_offset=offset, capture=[n for v in names.values() for n in v])
         n = x.shape[1]
         worst, where = 0.0, "scores match"
         for layer, (q_name, k_name, s_name) in names.items():

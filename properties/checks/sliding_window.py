@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.protocol import run
+from harness.adapters.protocol import forward_capture
 from properties.checks._common import MAX_LEN, fmt, hook_gap, prepare
 from properties.checks._design import windows
 from properties.search import PropertyResult, search
@@ -58,7 +58,7 @@ def sliding_window(model, *, seed: int = 0, max_examples: int | None = None,
     strategy = token_batches(cfg.d_vocab, max_batch=2, min_len=min(2, longest), max_len=longest)
 
     def measure(x):
-        _, acts = run(model, x, capture=list(names.values()))
+        _, acts = forward_capture(model, x, capture=list(names.values()))
         n = x.shape[1]
         worst, where = 0.0, "every query sees exactly its window"
         for layer, w in layers:

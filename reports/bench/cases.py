@@ -16,6 +16,7 @@ from torch import Tensor
 
 import harness.model.layers
 import harness.model.transformer
+from harness.errors import AttnlabError
 from harness.model.transformer import Transformer
 from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
 from reports.bench.reference import hf_gpt2_pair, naive_head_ablation
@@ -28,7 +29,7 @@ def hook_points(mode: str) -> Iterator[None]:
     as TransformerLens's own models do.
     """
     if mode not in ("bypassed", "called"):
-        raise ValueError(f"hook_points mode={mode!r} is invalid: expected 'bypassed' or 'called'")
+        raise AttnlabError(f"hook_points mode={mode!r} is invalid: expected 'bypassed' or 'called'")
     layers, transformer = harness.model.layers, harness.model.transformer
     for module, name in ((layers, "hook"), (layers, "active"), (transformer, "hook")):
         if not callable(getattr(module, name, None)):

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 
 from harness._checks import check_int
+from harness.errors import AttnlabError
 from harness.model.config import ModelConfig
 
 
@@ -67,7 +68,7 @@ class Row:
 
     def __post_init__(self) -> None:
         if self.op not in (">=", "<="):
-            raise ValueError(f"Row {self.name!r}: op={self.op!r} is invalid: expected '>=' or '<='")
+            raise AttnlabError(f"Row {self.name!r}: op={self.op!r} is invalid: expected '>=' or '<='")
 
     @property
     def met(self) -> bool:
@@ -96,7 +97,7 @@ def interleaved_times(fns: Mapping[str, Callable[[], object]], rounds: int, warm
     one that runs right after another (warm caches, a freshly trimmed heap).
     """
     if not fns:
-        raise ValueError("interleaved_times needs at least one function to time, got none")
+        raise AttnlabError("interleaved_times needs at least one function to time, got none")
     for name, value in (("rounds", rounds), ("warmup", warmup)):
         low = 1 if name == "rounds" else 0
         check_int(name, value, low)

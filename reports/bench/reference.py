@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness._checks import check_positive_int
+from harness.errors import AttnlabError
 
 
 class PlainBlock(nn.Module):
@@ -47,7 +48,7 @@ class PlainGPT(nn.Module):
                             ("n_ctx", n_ctx), ("d_vocab", d_vocab)):
             check_positive_int(f"PlainGPT: {name}", value)
         if d_model % n_heads:
-            raise ValueError(f"PlainGPT: d_model={d_model} is not a multiple of n_heads={n_heads}")
+            raise AttnlabError(f"PlainGPT: d_model={d_model} is not a multiple of n_heads={n_heads}")
         self.wte, self.wpe = nn.Embedding(d_vocab, d_model), nn.Embedding(n_ctx, d_model)
         self.blocks = nn.ModuleList(PlainBlock(d_model, n_heads) for _ in range(n_layers))
         self.ln_f, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, d_vocab, bias=False)
@@ -90,8 +91,8 @@ def naive_head_ablation(model: Any, tokens: Tensor, *, replacement: Optional[Seq
     The loss is :func:`reference_loss` (so masks weigh targets as the probes do).
     """
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.shape[1] < 2:
-        raise ValueError(f"tokens must be a [batch, pos] tensor with pos >= 2, got "
-                         f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+        raise AttnlabError(f"tokens must be a [batch, pos] tensor with pos >= 2, got "
+                           f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     masks = {"loss_mask": loss_mask, "attention_mask": attention_mask}
     base = reference_loss(model, tokens, **masks)

@@ -33,6 +33,7 @@ from typing import Union
 import pandas as pd
 import torch
 
+from harness.errors import AttnlabError, AttnlabTypeError
 from reports.bench.cases import bridge_rows, cache_rows, idle_hook_row, probe_rows
 from reports.bench.core import Row, Shape
 from reports.bench.train import compiled_hook_check, mfu_rows, train_step_row
@@ -96,15 +97,15 @@ def _device(device: Union[None, str, torch.device]) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be None, a str or a torch.device, got {type(device).__name__}")
+        raise AttnlabTypeError(f"device must be None, a str or a torch.device, got {type(device).__name__}")
     try:
         dev = torch.device(device)
     except RuntimeError as exc:
-        raise ValueError(f"device={device!r} is invalid: expected 'cpu', 'cuda' or 'cuda:N'") from exc
+        raise AttnlabError(f"device={device!r} is invalid: expected 'cpu', 'cuda' or 'cuda:N'") from exc
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r} is not supported: expected 'cpu', 'cuda' or 'cuda:N'")
+        raise AttnlabError(f"device={device!r} is not supported: expected 'cpu', 'cuda' or 'cuda:N'")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was asked for but CUDA is not available on this machine")
+        raise AttnlabError(f"device={device!r} was asked for but CUDA is not available on this machine")
     return dev
 
 
@@ -115,7 +116,7 @@ def run_suite(mode: str = "short", device: Union[None, str, torch.device] = None
     thing (max differences, missing cache keys); ``attrs["seconds"]`` the suite's wall time.
     """
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is invalid: expected one of {list(MODES)}")
+        raise AttnlabError(f"mode={mode!r} is invalid: expected one of {list(MODES)}")
     dev = _device(device)
     plan = plan_for(mode, dev)
     start, load_before = time.perf_counter(), _load()
@@ -170,7 +171,7 @@ def _num(value: float, unit: str) -> str:
 def format_table(df: pd.DataFrame) -> str:
     """The suite's table as plain text: one line per row, then the notes and the checks."""
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
-        raise ValueError(f"format_table expects the DataFrame run_suite returns, with columns {COLUMNS}")
+        raise AttnlabError(f"format_table expects the DataFrame run_suite returns, with columns {COLUMNS}")
     cells = [["row", "ours", "reference", "ratio", "goal", "met"]]
     for _, r in df.iterrows():
         cells.append([r["name"], _num(r["ours"], r["unit"]), _num(r["reference"], r["unit"]),

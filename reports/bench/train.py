@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from harness.model.compiled import HookAwareCompiled
 from harness.model.transformer import Transformer
-from harness.train.metrics import flops_per_token, peak_flops
+from harness.training.metrics import flops_per_token, peak_flops
 from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
 from reports.bench.reference import PlainGPT
 

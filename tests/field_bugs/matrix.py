@@ -12,7 +12,7 @@ from typing import Optional
 
 import pandas as pd
 
-from harness.adapters import wrap
+from harness.adapters import adapt
 from properties import PROPERTIES, check_model
 from tests.field_bugs.catalogue import KNOWN_FALSE_ALARMS, FieldBug
 
@@ -20,10 +20,10 @@ CELLS = {"fail": "caught", "pass": "-", "n/a": "n/a", "unobservable": "unobs."}
 
 
 def protocol_model(bug: FieldBug):
-    """The model as a user would hand it to the suite: ``harness.adapters.wrap`` or their own function."""
+    """The model as a user would hand it to the suite: ``harness.adapters.adapt`` or their own function."""
     hf = bug.build()
     if bug.wrap == "hf":
-        return wrap(hf)
+        return adapt(hf)
     if bug.wrap == "bridge_user":
         from tests.field_bugs.bridge_user import bridge_function_model
 

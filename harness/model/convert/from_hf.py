@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import ModelConfig
 from harness.model.layers import Block, Norm
 from harness.model.transformer import Transformer
@@ -38,7 +39,7 @@ def from_hf(hf_model: Any) -> Transformer:
     upcast, so the result is at least as precise as the source).
     """
     if not isinstance(hf_model, nn.Module):
-        raise TypeError(f"from_hf expects a Hugging Face nn.Module, got {type(hf_model).__name__}")
+        raise AttnlabTypeError(f"from_hf expects a Hugging Face nn.Module, got {type(hf_model).__name__}")
     from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
     builders: dict[type, tuple[Callable, Callable]] = {
@@ -47,7 +48,7 @@ def from_hf(hf_model: Any) -> Transformer:
     }
     found = [pair for hf_class, pair in builders.items() if isinstance(hf_model, hf_class)]
     if not found:
-        raise ValueError(f"from_hf does not support {type(hf_model).__name__}: expected one of {list(SUPPORTED)}")
+        raise AttnlabError(f"from_hf does not support {type(hf_model).__name__}: expected one of {list(SUPPORTED)}")
     make_config, copy_weights = found[0]
 
     params = list(hf_model.parameters())
@@ -62,8 +63,8 @@ def from_hf(hf_model: Any) -> Transformer:
 
 # --- shared helpers ------------------------------------------------------------------------
 
-def _refuse(name: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f"from_hf: config.{name}={value!r} cannot be reproduced: expected {expected}")
+def _refuse(name: str, value: Any, expected: str) -> AttnlabError:
+    return AttnlabError(f"from_hf: config.{name}={value!r} cannot be reproduced: expected {expected}")
 
 
 def _act(name: str, value: Any) -> str:
@@ -82,10 +83,10 @@ def _check_tied(hf_model: Any, cfg: ModelConfig) -> None:
     """Tied config but different matrices (or an unembed bias) would be silently wrong."""
     head = hf_model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
-        raise ValueError("from_hf: lm_head has a bias: expected an unbiased unembedding (ours has none)")
+        raise AttnlabError("from_hf: lm_head has a bias: expected an unbiased unembedding (ours has none)")
     if cfg.tie_embeddings and not torch.equal(head.weight, hf_model.get_input_embeddings().weight):
-        raise ValueError("from_hf: config.tie_word_embeddings=True but lm_head.weight differs from the "
-                         "token embedding: expected tied (identical) matrices")
+        raise AttnlabError("from_hf: config.tie_word_embeddings=True but lm_head.weight differs from the "
+                           "token embedding: expected tied (identical) matrices")
 
 
 
@@ -95,8 +96,8 @@ def _blocks(model: Transformer) -> Sequence[Block]:
 
 def _put(dst: Tensor, src: Tensor) -> None:
     if dst.shape != src.shape:
-        raise ValueError(f"from_hf: a weight of shape {tuple(src.shape)} does not fit ours {tuple(dst.shape)}: "
-                         "expected the shapes the model config implies")
+        raise AttnlabError(f"from_hf: a weight of shape {tuple(src.shape)} does not fit ours {tuple(dst.shape)}: "
+                           "expected the shapes the model config implies")
     dst.copy_(src.detach().to(dtype=dst.dtype, device=dst.device))
 
 

@@ -21,6 +21,7 @@ from typing import Any, Optional, cast
 import torch
 from torch import Tensor
 
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import ModelConfig
 from harness.model.head_mask import head_mask_of
 from harness.model.layers import Block, Norm
@@ -58,14 +59,14 @@ _MAPPED = {"n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ct
            "seed", "dtype", "use_attn_result"}  # use_attn_result only adds a hook; seed only drew the init
 
 
-def _refuse(name: str, value: Any, target: str, expected: str) -> ValueError:
-    return ValueError(f"to_hf: {name}={value!r} has no {target} equivalent: expected {expected}")
+def _refuse(name: str, value: Any, target: str, expected: str) -> AttnlabError:
+    return AttnlabError(f"to_hf: {name}={value!r} has no {target} equivalent: expected {expected}")
 
 
 def _choose(cfg: ModelConfig, target: Optional[str]) -> str:
     if target is not None:
         if target not in TARGETS:
-            raise ValueError(f"to_hf: target={target!r} is invalid: expected one of {list(TARGETS)} or None")
+            raise AttnlabError(f"to_hf: target={target!r} is invalid: expected one of {list(TARGETS)} or None")
         return target
     pos = cfg.positional_embedding_type
     if pos == "standard":
@@ -128,7 +129,7 @@ def _put(dst: Tensor, src: Optional[Tensor]) -> None:
         dst.zero_()
         return
     if dst.shape != src.shape:
-        raise ValueError(f"to_hf: a weight of shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
+        raise AttnlabError(f"to_hf: a weight of shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
     dst.copy_(src.detach().to(dtype=dst.dtype, device=dst.device))
 
 
@@ -207,7 +208,7 @@ def to_hf(model: Transformer, target: Optional[str] = None) -> Any:
     ``attention_dir='bidirectional'``), before any weight is copied.
     """
     if not isinstance(model, Transformer):
-        raise TypeError(f"to_hf expects a harness.Transformer, got {type(model).__name__}")
+        raise AttnlabTypeError(f"to_hf expects a harness.Transformer, got {type(model).__name__}")
     cfg = model.config
     target = _choose(cfg, target)
     _check(cfg, target)

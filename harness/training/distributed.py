@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from harness.errors import AttnlabError
+
 
 @dataclass
 class DistInfo:
@@ -37,7 +39,7 @@ def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise ValueError("device='cuda' was requested but no CUDA device is available: expected 'cpu' or 'auto'")
+            raise AttnlabError("device='cuda' was requested but no CUDA device is available: expected 'cpu' or 'auto'")
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
@@ -47,7 +49,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is invalid: expected an integer") from None
+        raise AttnlabError(f"environment variable {name}={raw!r} is invalid: expected an integer") from None
 
 
 def setup(device_choice: str) -> DistInfo:

@@ -17,6 +17,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from harness.errors import AttnlabError
+
 _CACHE: dict[tuple, dict[str, Tensor]] = {}
 
 
@@ -38,8 +40,8 @@ def collect_files(paths: Any) -> list[Path]:
         items: Sequence = [paths] if isinstance(paths, (str, Path)) else paths
         if not isinstance(items, (list, tuple)) or not items or \
                 not all(isinstance(p, (str, Path)) for p in items):
-            raise ValueError(f"task 'text': option paths={paths!r} is invalid: expected a path or a non-empty "
-                             "list of paths (files or folders)")
+            raise AttnlabError(f"task 'text': option paths={paths!r} is invalid: expected a path or a non-empty "
+                               "list of paths (files or folders)")
         files = []
         for p in map(Path, items):
             if p.is_dir():
@@ -50,8 +52,8 @@ def collect_files(paths: Any) -> list[Path]:
                 raise FileNotFoundError(f"task 'text': {p} is neither a file nor a folder")
     files = sorted(set(files))
     if len(files) < 2:
-        raise ValueError(f"task 'text' splits training and validation by file and found {len(files)} file(s) "
-                         f"in {paths!r}: expected at least 2")
+        raise AttnlabError(f"task 'text' splits training and validation by file and found {len(files)} file(s) "
+                           f"in {paths!r}: expected at least 2")
     return files
 
 

@@ -13,9 +13,9 @@ from typing import Any, Optional
 
 from harness._checks import check_bool, check_choice, check_int, check_number, check_seed, invalid
 from harness.model.config import BOOL_WORDING, _JSONMixin
-from harness.train.distill import DEFAULT_ALPHA, DEFAULT_TEMPERATURE
-from harness.train.distill import check_fields as check_heal_fields
-from harness.train.tasks import check_options
+from harness.training.distill import DEFAULT_ALPHA, DEFAULT_TEMPERATURE
+from harness.training.distill import check_fields as check_heal_fields
+from harness.training.tasks import check_options
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "noam", "warmup_cosine", "warmup_linear")
@@ -30,7 +30,7 @@ RESUMABLE_CHANGES = ("steps", "log_every", "eval_every", "checkpoint_every", "de
 class TrainConfig(_JSONMixin):
     """A training run: task, optimizer, schedule, evaluation, checkpoints.
 
-    ``seq_len=None`` takes the task's natural length (see :mod:`harness.train.tasks`).
+    ``seq_len=None`` takes the task's natural length (see :mod:`harness.training.tasks`).
     ``batch_size`` is the global batch; under DDP each process takes an equal share.
     ``lr`` is the peak learning rate; for ``noam`` it multiplies Vaswani et al.'s formula
     (``lr=1`` is the paper's schedule). ``warmup`` is in optimizer steps.
@@ -43,7 +43,7 @@ class TrainConfig(_JSONMixin):
     ``head_mask`` (``[n_layers, n_heads]`` of 0/1, 0 = pruned) holds pruned heads at exactly zero
     (:mod:`harness.model.head_mask`); ``distill_from`` is a teacher run whose softened outputs the
     student matches: ``loss = alpha * T^2 * KL(teacher_T || student_T) + (1 - alpha) * hard``
-    with ``T = temperature`` (:mod:`harness.train.distill`; ``alpha=1`` is pure distillation).
+    with ``T = temperature`` (:mod:`harness.training.distill`; ``alpha=1`` is pure distillation).
     """
 
     task: str = "induction"
@@ -69,7 +69,7 @@ class TrainConfig(_JSONMixin):
     device: str = "auto"
     compile: bool = False
     amp: bool = True
-    # prune, then heal (harness.train.distill): heads held at zero, and the teacher run to distill from
+    # prune, then heal (harness.training.distill): heads held at zero, and the teacher run to distill from
     head_mask: Optional[tuple] = None
     distill_from: Optional[str] = None
     temperature: float = DEFAULT_TEMPERATURE

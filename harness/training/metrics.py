@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from harness.errors import AttnlabError
 from harness.run_dir import atomic_write_text
 
 # step          the optimizer update the row ends at (1-based)
@@ -117,18 +118,19 @@ class MetricsLog:
         try:
             lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
         except UnicodeDecodeError as exc:
-            raise ValueError(f"{self.path} is corrupt: not UTF-8 text ({exc})") from None
+            raise AttnlabError(f"{self.path} is corrupt: not UTF-8 text ({exc})") from None
         header = ",".join(COLUMNS) + "\n"
         if len(lines) == 1 and header.startswith(lines[0]) and lines[0] != header:
             lines = []  # a header cut short by a kill: start the file afresh
             atomic_write_text(self.path, "")
         if lines and lines[0] != header:  # appending rows under another header would misalign every column
-            raise ValueError(f"{self.path} is corrupt: its header is {lines[0].strip()!r}: expected {header.strip()!r}")
+            raise AttnlabError(f"{self.path} is corrupt: its header is {lines[0].strip()!r}: expected "
+                               f"{header.strip()!r}")
         # A row cut short by a kill has no newline (or too few fields): drop it with the rest.
         complete = [ln for ln in lines[1:] if ln.endswith("\n") and ln.count(",") == len(COLUMNS) - 1]
         bad = [ln for ln in complete if not ln.split(",", 1)[0].isdigit()]
         if bad:
-            raise ValueError(f"{self.path} is corrupt: row {bad[0].strip()!r} has no step number")
+            raise AttnlabError(f"{self.path} is corrupt: row {bad[0].strip()!r} has no step number")
         keep = lines[:1] + [ln for ln in complete if int(ln.split(",", 1)[0]) <= step]
         if len(keep) != len(lines):
             atomic_write_text(self.path, "".join(keep))

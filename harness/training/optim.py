@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.train.config import TrainConfig
+from harness.errors import AttnlabError
+from harness.training.config import TrainConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -113,14 +114,14 @@ def optimizer_state_from_tensors(optimizer: torch.optim.Optimizer, tensors: dict
         groups = meta["param_groups"]
         cls = meta["class"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"{source}: optimizer metadata is missing or corrupt ({exc})") from None
+        raise AttnlabError(f"{source}: optimizer metadata is missing or corrupt ({exc})") from None
     if cls != type(optimizer).__name__:
-        raise ValueError(f"{source} holds {cls} state, but the run uses {type(optimizer).__name__}")
+        raise AttnlabError(f"{source} holds {cls} state, but the run uses {type(optimizer).__name__}")
     state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         parts = key.split(".")
         if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit():
-            raise ValueError(f"{source}: unexpected tensor {key!r}: expected 'state.<param index>.<name>'")
+            raise AttnlabError(f"{source}: unexpected tensor {key!r}: expected 'state.<param index>.<name>'")
         state.setdefault(int(parts[1]), {})[parts[2]] = value
     for idx, plain in meta.get("plain_state", {}).items():
         state.setdefault(int(idx), {}).update(plain)
@@ -130,4 +131,4 @@ def optimizer_state_from_tensors(optimizer: torch.optim.Optimizer, tensors: dict
     try:
         optimizer.load_state_dict({"state": state, "param_groups": groups})
     except (ValueError, KeyError, RuntimeError) as exc:
-        raise ValueError(f"{source} does not fit this model's optimizer: {exc}") from None
+        raise AttnlabError(f"{source} does not fit this model's optimizer: {exc}") from None

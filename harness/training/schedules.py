@@ -11,7 +11,8 @@ import math
 from typing import Optional
 
 from harness._checks import check_int, is_int
-from harness.train.config import TrainConfig
+from harness.errors import AttnlabError, AttnlabTypeError
+from harness.training.config import TrainConfig
 
 
 def lr_at(step: int, cfg: TrainConfig, d_model: Optional[int] = None) -> float:
@@ -25,12 +26,12 @@ def lr_at(step: int, cfg: TrainConfig, d_model: Optional[int] = None) -> float:
     """
     check_int("step", step, 1, expected="an integer >= 1 (steps count updates from 1)")
     if not isinstance(cfg, TrainConfig):
-        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+        raise AttnlabTypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
     kind, peak, warm, total = cfg.schedule, cfg.lr, cfg.warmup, cfg.steps
     if kind == "noam":
         if not is_int(d_model) or d_model < 1:
-            raise ValueError(f"d_model={d_model!r} is invalid: the noam schedule needs the model width "
-                             "(an integer >= 1)")
+            raise AttnlabError(f"d_model={d_model!r} is invalid: the noam schedule needs the model width "
+                               "(an integer >= 1)")
         return peak * d_model ** -0.5 * min(step ** -0.5, step * warm ** -1.5)
     if warm > 0 and step <= warm:
         return peak * step / warm

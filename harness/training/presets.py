@@ -11,7 +11,7 @@ project's machine are in ``docs/presets.md``.
 - ``induction-wide``: the same task on 4 layers x 8 heads, so that head redundancy has room to show
   (Michel et al. 2019 find most heads of a wide model removable one at a time).
 - ``text``: byte-level language modelling over the default corpus (the standard library's ``.py``
-  sources, :mod:`harness.train.text_corpus`), 4 layers x 8 heads, d_model 256, n_ctx 256, rotary
+  sources, :mod:`harness.training.text_corpus`), 4 layers x 8 heads, d_model 256, n_ctx 256, rotary
   positions; sized to train in at most 10 minutes on 2 CPU cores.
 - ``text-tiny``: ``text`` scaled down for CI (1 layer x 4 heads, d_model 64, 64 bytes, 60 steps).
 """
@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from harness.errors import AttnlabError
 from harness.model.config import ModelConfig
-from harness.train.config import TrainConfig
+from harness.training.config import TrainConfig
 
 
 def _induction() -> tuple[ModelConfig, TrainConfig]:
@@ -70,7 +71,7 @@ PRESETS: dict[str, Callable[[], tuple[ModelConfig, TrainConfig]]] = {
 def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
     """The ``(ModelConfig, TrainConfig)`` of preset ``name``; an unknown name lists the known ones."""
     if not isinstance(name, str) or name not in PRESETS:
-        raise ValueError(f"preset={name!r} is invalid: unknown preset, expected one of {list(PRESETS)}")
+        raise AttnlabError(f"preset={name!r} is invalid: unknown preset, expected one of {list(PRESETS)}")
     return PRESETS[name]()
 
 

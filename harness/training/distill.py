@@ -28,6 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from harness._checks import check_number
+from harness.errors import AttnlabError
 from harness.model.config import ModelConfig
 
 __all__ = ["soft_kl", "mixed_loss", "check_teacher"]
@@ -64,18 +65,18 @@ def check_teacher(distill_from: str | os.PathLike, student: ModelConfig) -> tupl
 
     Raised before any work; the message names the teacher run and the value that differs.
     """
-    from harness.train import checkpoint as ckpt
+    from harness.training import checkpoint as ckpt
 
     path = Path(distill_from)
     if not path.is_dir():
-        raise ValueError(f"distill_from={str(distill_from)!r} is invalid: expected a run directory "
-                         "(a trained run with checkpoint/), found none")
+        raise AttnlabError(f"distill_from={str(distill_from)!r} is invalid: expected a run directory "
+                           "(a trained run with checkpoint/), found none")
     teacher_cfg, teacher_train = ckpt.read_configs(path)
     for name in ("d_vocab", "n_ctx"):
         t, s = getattr(teacher_cfg, name), getattr(student, name)
         if t != s:
-            raise ValueError(f"distill_from={str(distill_from)!r} is invalid: the teacher's {name}={t} "
-                             f"differs from the student's {name}={s}: expected the same {name}")
+            raise AttnlabError(f"distill_from={str(distill_from)!r} is invalid: the teacher's {name}={t} "
+                               f"differs from the student's {name}={s}: expected the same {name}")
     return teacher_cfg, teacher_train
 
 
@@ -91,15 +92,15 @@ def check_fields(head_mask: Any, distill_from: Any, temperature: Any, alpha: Any
     from harness.model.head_mask import normalize_head_mask
 
     if distill_from is not None and (not isinstance(distill_from, (str, os.PathLike)) or not str(distill_from)):
-        raise ValueError(f"distill_from={distill_from!r} is invalid: expected None or the path of a teacher run")
+        raise AttnlabError(f"distill_from={distill_from!r} is invalid: expected None or the path of a teacher run")
     check_number("temperature", temperature, 0, expected="a finite number > 0")
     check_number("alpha", alpha, 0, 1, low_inclusive=True, expected="a number in [0, 1] (1 = pure distillation)")
     if distill_from is None:
         for name, value, default in (("temperature", temperature, DEFAULT_TEMPERATURE),
                                      ("alpha", alpha, DEFAULT_ALPHA)):
             if value != default:
-                raise ValueError(f"{name}={value!r} is invalid without a teacher: expected distill_from "
-                                 f"(a teacher run) or the default {name}={default}")
+                raise AttnlabError(f"{name}={value!r} is invalid without a teacher: expected distill_from "
+                                   f"(a teacher run) or the default {name}={default}")
     return None if head_mask is None else normalize_head_mask(head_mask)
 
 
@@ -117,7 +118,7 @@ class Teacher:
     """The frozen teacher of a distillation run: its logits on the student's batch, without gradients."""
 
     def __init__(self, run_dir: str, device: torch.device):
-        from harness.train.checkpoint import load_run
+        from harness.training.checkpoint import load_run
 
         self.model = load_run(run_dir, device=device).eval()
         self.model.requires_grad_(False)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from harness._checks import check_bool, check_int, check_number, check_positive_int
+from harness.errors import AttnlabError, AttnlabTypeError
 
 SPLITS = ("train", "val")
 
@@ -46,22 +47,22 @@ class Task(ABC):
         self.seq_len = self.default_seq_len if seq_len is None else seq_len
         check_int(f"task {self.name!r}: seq_len", self.seq_len, 2)
         if self.seq_len > n_ctx:
-            raise ValueError(f"task {self.name!r}: seq_len={self.seq_len} is longer than the model's "
-                             f"n_ctx={n_ctx}: expected seq_len <= {n_ctx}")
+            raise AttnlabError(f"task {self.name!r}: seq_len={self.seq_len} is longer than the model's "
+                               f"n_ctx={n_ctx}: expected seq_len <= {n_ctx}")
         self.opts = {**self.options, **(options or {})}
 
     def _need_vocab(self, needed: int, why: str) -> None:
         if self.d_vocab < needed:
-            raise ValueError(f"task {self.name!r} needs d_vocab >= {needed} ({why}); the model has "
-                             f"d_vocab={self.d_vocab}")
+            raise AttnlabError(f"task {self.name!r} needs d_vocab >= {needed} ({why}); the model has "
+                               f"d_vocab={self.d_vocab}")
 
     def batch(self, batch_size: int, generator: torch.Generator, split: str = "train") -> tuple[Tensor, Tensor]:
         """``batch_size`` sequences: tokens ``[batch, pos]`` int64 and loss_mask ``[batch, pos]`` bool."""
         check_positive_int("batch_size", batch_size)
         if split not in SPLITS:
-            raise ValueError(f"split={split!r} is invalid: expected one of {list(SPLITS)}")
+            raise AttnlabError(f"split={split!r} is invalid: expected one of {list(SPLITS)}")
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+            raise AttnlabTypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         tokens, mask = self._batch(batch_size, generator, split)
         return tokens, mask
 
@@ -96,8 +97,8 @@ class Induction(Task):
         mp = self.opts["min_prefix"]
         self.min_prefix = max(2, self.seq_len // 4) if mp is None else check_int(_opt(self.name, "min_prefix"), mp, 2)
         if self.min_prefix > self.max_prefix:
-            raise ValueError(f"task 'induction': option min_prefix={self.min_prefix} is invalid: expected "
-                             f"at most seq_len // 2 = {self.max_prefix}")
+            raise AttnlabError(f"task 'induction': option min_prefix={self.min_prefix} is invalid: expected "
+                               f"at most seq_len // 2 = {self.max_prefix}")
         self.distinct = check_bool(_opt(self.name, "distinct"), self.opts["distinct"])
         self._need_vocab(self.max_prefix if self.distinct else 2,
                          f"a prefix of {self.max_prefix} distinct tokens" if self.distinct else "two symbols")
@@ -127,15 +128,15 @@ class _SeqToSeq(Task):
     def __init__(self, d_vocab, n_ctx, seq_len=None, options=None):
         super().__init__(d_vocab, n_ctx, seq_len, options)
         if self.seq_len % 2 == 0 or self.seq_len < 3:
-            raise ValueError(f"task {self.name!r}: seq_len={self.seq_len} is invalid: expected an odd number >= 3 "
-                             "(input, one separator, an answer as long as the input)")
+            raise AttnlabError(f"task {self.name!r}: seq_len={self.seq_len} is invalid: expected an odd number >= 3 "
+                               "(input, one separator, an answer as long as the input)")
         self.n = (self.seq_len - 1) // 2
         self._need_vocab(3, "at least two symbols and a separator")
         ns = self.opts["n_symbols"]
         self.n_symbols = self.d_vocab - 1 if ns is None else check_int(_opt(self.name, "n_symbols"), ns, 2)
         if self.n_symbols > self.d_vocab - 1:
-            raise ValueError(f"task {self.name!r}: option n_symbols={self.n_symbols} is invalid: expected at most "
-                             f"d_vocab - 1 = {self.d_vocab - 1} (the last id is the separator)")
+            raise AttnlabError(f"task {self.name!r}: option n_symbols={self.n_symbols} is invalid: expected at most "
+                               f"d_vocab - 1 = {self.d_vocab - 1} (the last id is the separator)")
         self.sep = self.d_vocab - 1
 
     @abstractmethod
@@ -186,7 +187,7 @@ class ModularAddition(Task):
     def __init__(self, d_vocab, n_ctx, seq_len=None, options=None):
         super().__init__(d_vocab, n_ctx, seq_len, options)
         if self.seq_len != 4:
-            raise ValueError(f"task 'modular_addition': seq_len={self.seq_len} is invalid: expected 4 (a b = c)")
+            raise AttnlabError(f"task 'modular_addition': seq_len={self.seq_len} is invalid: expected 4 (a b = c)")
         self.p = check_int(_opt(self.name, "p"), self.opts["p"], 2)
         self._need_vocab(self.p + 1, f"p={self.p} numbers and '='; pass a smaller task_options['p']")
         frac = float(check_number(_opt(self.name, "train_fraction"), self.opts["train_fraction"], 0.0, 1.0,
@@ -225,8 +226,8 @@ class Markov(Task):
         self._need_vocab(self.n_states, f"n_states={self.n_states} states")
         k = check_int(_opt(self.name, "branching"), self.opts["branching"], 1)
         if k > self.n_states:
-            raise ValueError(f"task 'markov': option branching={k} is invalid: expected at most "
-                             f"n_states={self.n_states}")
+            raise AttnlabError(f"task 'markov': option branching={k} is invalid: expected at most "
+                               f"n_states={self.n_states}")
         g = torch.Generator().manual_seed(check_int(_opt(self.name, "chain_seed"), self.opts["chain_seed"], 0))
         succ = _distinct(self.n_states, k, self.n_states, g)
         w = -torch.log(torch.rand(self.n_states, k, generator=g, dtype=torch.float64).clamp_min(1e-300))
@@ -266,11 +267,11 @@ class Text(Task):
     options = {"paths": None, "val_fraction": 0.1, "max_bytes": None}
 
     def __init__(self, d_vocab, n_ctx, seq_len=None, options=None):
-        from harness.train.text_corpus import load_corpus
+        from harness.training.text_corpus import load_corpus
 
         super().__init__(d_vocab, n_ctx, seq_len, options)
         if d_vocab != 256:
-            raise ValueError(f"task 'text' is byte-level: expected d_vocab=256, the model has d_vocab={d_vocab}")
+            raise AttnlabError(f"task 'text' is byte-level: expected d_vocab=256, the model has d_vocab={d_vocab}")
         frac = float(check_number(_opt(self.name, "val_fraction"), self.opts["val_fraction"], 0.0, 1.0,
                                   high_inclusive=False, expected="a number in (0.0, 1.0)"))
         mb = self.opts["max_bytes"]
@@ -278,8 +279,8 @@ class Text(Task):
         self.corpus = load_corpus(self.opts["paths"], frac, mb)
         for split, data in self.corpus.items():
             if len(data) < self.seq_len:
-                raise ValueError(f"task 'text': the {split} split has {len(data)} bytes, fewer than "
-                                 f"seq_len={self.seq_len}")
+                raise AttnlabError(f"task 'text': the {split} split has {len(data)} bytes, fewer than "
+                                   f"seq_len={self.seq_len}")
 
     def _batch(self, b, gen, split):
         data = self.corpus[split]
@@ -296,12 +297,12 @@ TASKS: dict[str, type[Task]] = {t.name: t for t in (Induction, Copy, Reverse, So
 def check_options(name: Any, options: Any) -> None:
     """Raise ValueError unless ``name`` is a task and ``options`` holds only its option names."""
     if not isinstance(name, str) or name not in TASKS:  # a list or dict name would fail hashing, unnamed
-        raise ValueError(f"unknown task {name!r}: expected one of {sorted(TASKS)}")
+        raise AttnlabError(f"unknown task {name!r}: expected one of {sorted(TASKS)}")
     if not isinstance(options, dict):
-        raise TypeError(f"task options must be a dict, got {type(options).__name__}")
+        raise AttnlabTypeError(f"task options must be a dict, got {type(options).__name__}")
     unknown = sorted(set(options) - set(TASKS[name].options))
     if unknown:
-        raise ValueError(f"task {name!r} has no option(s) {unknown}: expected some of {sorted(TASKS[name].options)}")
+        raise AttnlabError(f"task {name!r} has no option(s) {unknown}: expected some of {sorted(TASKS[name].options)}")
 
 
 def make_task(name: str, d_vocab: int, n_ctx: int, seq_len: Optional[int] = None,
@@ -317,7 +318,7 @@ def shifted(logits: Tensor, tokens: Tensor, loss_mask: Tensor) -> tuple[Tensor, 
     The logits at position t predict the token at t + 1.
     """
     if logits.shape[:2] != tokens.shape or loss_mask.shape != tokens.shape:
-        raise ValueError(f"shapes disagree: logits {tuple(logits.shape)}, tokens {tuple(tokens.shape)}, "
-                         f"loss_mask {tuple(loss_mask.shape)}: expected [batch, pos(, d_vocab)] alike")
+        raise AttnlabError(f"shapes disagree: logits {tuple(logits.shape)}, tokens {tuple(tokens.shape)}, "
+                           f"loss_mask {tuple(loss_mask.shape)}: expected [batch, pos(, d_vocab)] alike")
     m = loss_mask[:, 1:]
     return logits[:, :-1][m], tokens[:, 1:][m]

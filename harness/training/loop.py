@@ -3,7 +3,7 @@
 One step: draw the global batch from the task's seeded generator, keep this rank's slice,
 compute the (label-smoothed) loss on the masked targets, backpropagate, clip, update with
 the lr of this step (:func:`harness.schedules.lr_at`). Rows go to ``run_dir/metrics.csv``
-as training goes; checkpoints (:mod:`harness.train.checkpoint`) hold everything a step depends
+as training goes; checkpoints (:mod:`harness.training.checkpoint`) hold everything a step depends
 on, so a stopped and resumed run repeats a straight run's numbers exactly on CPU (with the
 same torch thread count: a matmul splits its sums by thread, which moves the last bits).
 """
@@ -26,23 +26,24 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from harness._checks import check_bool, check_int
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.compiled import HookAwareCompiled
 from harness.model.config import ModelConfig
 from harness.model.head_mask import apply_head_mask
 from harness.model.transformer import Transformer
 from harness.run_dir import RunDir
-from harness.train import checkpoint as ckpt
-from harness.train import distill, distributed
-from harness.train.config import RESUMABLE_CHANGES, TrainConfig
-from harness.train.metrics import MetricsLog, flops_per_token, new_row, peak_flops
-from harness.train.optim import make_optimizer, set_lr, smoothed_cross_entropy, update_overflow
-from harness.train.schedules import lr_at
-from harness.train.tasks import Task, make_task, shifted
+from harness.training import checkpoint as ckpt
+from harness.training import distill, distributed
+from harness.training.config import RESUMABLE_CHANGES, TrainConfig
+from harness.training.metrics import MetricsLog, flops_per_token, new_row, peak_flops
+from harness.training.optim import make_optimizer, set_lr, smoothed_cross_entropy, update_overflow
+from harness.training.schedules import lr_at
+from harness.training.tasks import Task, make_task, shifted
 
 VAL_SEED_OFFSET = 0x5EED  # validation batches have their own generator: they never shift the training stream
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(AttnlabError, RuntimeError):
     """The training loss (or gradient norm) became NaN or infinite; the last good checkpoint is kept."""
 
 
@@ -80,16 +81,16 @@ def _check_args(model_or_cfg, train_cfg, run_dir, resume, stop_after, overwrite,
     elif isinstance(model_or_cfg, Transformer):
         model_cfg, model = model_or_cfg.config, model_or_cfg
     else:
-        raise TypeError("train expects a harness.ModelConfig or harness.Transformer, "
-                        f"got {type(model_or_cfg).__name__}")
+        raise AttnlabTypeError("train expects a harness.ModelConfig or harness.Transformer, "
+                               f"got {type(model_or_cfg).__name__}")
     if not isinstance(train_cfg, TrainConfig):
-        raise TypeError(f"train_cfg must be a harness.TrainConfig, got {type(train_cfg).__name__}")
+        raise AttnlabTypeError(f"train_cfg must be a harness.TrainConfig, got {type(train_cfg).__name__}")
     if not isinstance(run_dir, (str, os.PathLike)):
-        raise TypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
+        raise AttnlabTypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
     for name, value in (("resume", resume), ("overwrite", overwrite)):
         check_bool(name, value)
     if resume and overwrite:
-        raise ValueError("resume=True and overwrite=True contradict each other: expected at most one")
+        raise AttnlabError("resume=True and overwrite=True contradict each other: expected at most one")
     check_bool("progress", progress, none_ok=True, expected="None (a bar only on a terminal), True or False")
     check_int("stop_after", stop_after, 1, train_cfg.steps, none_ok=True,
               expected=f"an integer in [1, steps={train_cfg.steps}]")
@@ -100,7 +101,7 @@ def _check_run_dir(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig
                    overwrite: bool) -> Optional[dict]:
     """The checkpoint state to resume from (None for a fresh run); refuses a mismatched run_dir."""
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run_dir {run_dir} is a file: expected a folder")
+        raise AttnlabError(f"run_dir {run_dir} is a file: expected a folder")
     if overwrite or not (resume or ckpt.has_run(run_dir)):
         return None
     if not resume:
@@ -111,16 +112,16 @@ def _check_run_dir(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig
         except (FileNotFoundError, ValueError):
             diff = ["(the stored config is missing or unreadable)"]
         what = f"a run with a different config ({', '.join(diff)})" if diff else "a run of this config"
-        raise ValueError(f"run_dir {run_dir} already holds {what}: pass resume=True to continue it "
-                         "or overwrite=True to start over")
+        raise AttnlabError(f"run_dir {run_dir} already holds {what}: pass resume=True to continue it "
+                           "or overwrite=True to start over")
     old_model, old_train = ckpt.read_configs(run_dir)
     if old_model != model_cfg:
         diff = [k for k, v in model_cfg.to_dict().items() if old_model.to_dict()[k] != v]
-        raise ValueError(f"cannot resume {run_dir}: the model config differs in {diff}")
+        raise AttnlabError(f"cannot resume {run_dir}: the model config differs in {diff}")
     fixed = [k for k in train_cfg.differences(old_train) if k not in RESUMABLE_CHANGES]
     if fixed:
-        raise ValueError(f"cannot resume {run_dir}: the train config differs in {fixed}; a resumed run may "
-                         f"change only {list(RESUMABLE_CHANGES)}")
+        raise AttnlabError(f"cannot resume {run_dir}: the train config differs in {fixed}; a resumed run may "
+                           f"change only {list(RESUMABLE_CHANGES)}")
     state = ckpt.read_state(run_dir)
     for name in ("model.safetensors", "optimizer.safetensors"):
         ckpt.check_safetensors(ckpt.checkpoint_dir(run_dir) / name)
@@ -148,7 +149,7 @@ def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_d
     Prune, then heal: ``head_mask``, ``distill_from``, ``temperature`` and ``alpha``, when given,
     set the TrainConfig fields of the same names (see :class:`TrainConfig`): the pruned heads are
     held at zero on ``model`` (in place, and in the saved run), and the loss distils from the
-    teacher run (:mod:`harness.train.distill`). Without a teacher, a head mask alone is plain
+    teacher run (:mod:`harness.training.distill`). Without a teacher, a head mask alone is plain
     fine-tuning of the pruned model, the baseline distillation is measured against.
     """
     changes = {k: v for k, v in (("head_mask", head_mask), ("distill_from", distill_from),
@@ -162,17 +163,17 @@ def train(model_or_cfg: ModelConfig | Transformer, train_cfg: TrainConfig, run_d
     info = distributed.setup(train_cfg.device)
     try:
         if train_cfg.batch_size % info.world_size:
-            raise ValueError(f"batch_size={train_cfg.batch_size} is invalid: expected a multiple of the "
-                             f"{info.world_size} data-parallel processes")
+            raise AttnlabError(f"batch_size={train_cfg.batch_size} is invalid: expected a multiple of the "
+                               f"{info.world_size} data-parallel processes")
         state = _check_run_dir(run_dir, model_cfg, train_cfg, resume, overwrite)
         if state is not None:
             done = state["step"]
             if done > train_cfg.steps:
-                raise ValueError(f"cannot resume {run_dir}: its checkpoint is at step {done}, past "
-                                 f"steps={train_cfg.steps}: expected steps >= {done}")
+                raise AttnlabError(f"cannot resume {run_dir}: its checkpoint is at step {done}, past "
+                                   f"steps={train_cfg.steps}: expected steps >= {done}")
             if stop_after is not None and stop_after <= done:
-                raise ValueError(f"stop_after={stop_after} is invalid: the checkpoint in {run_dir} is already "
-                                 f"at step {done}: expected a later step")
+                raise AttnlabError(f"stop_after={stop_after} is invalid: the checkpoint in {run_dir} is already "
+                                   f"at step {done}: expected a later step")
         distributed.barrier(info)  # every rank has read run_dir before rank 0 changes it
         if info.is_main:
             ckpt.prepare_run_dir(run_dir)  # a read-only or full disk fails here, before any work (or deletion)

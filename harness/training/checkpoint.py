@@ -32,14 +32,15 @@ from safetensors.torch import load_model, save_file, save_model
 from torch import Tensor, nn
 
 from harness._checks import check_int, is_number
+from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import ModelConfig
 from harness.model.head_mask import apply_head_mask
 from harness.model.transformer import Transformer
 from harness.run_dir import RunDir, fsync_dir, fsync_file
 from harness.run_dir import atomic_write_text as atomic_write_text  # re-exported for the writers in harness.train
 from harness.run_dir import read_json as _read_json
-from harness.train.config import TrainConfig
-from harness.train.optim import optimizer_state_from_tensors, optimizer_state_to_tensors
+from harness.training.config import TrainConfig
+from harness.training.optim import optimizer_state_from_tensors, optimizer_state_to_tensors
 
 FORMAT = 1
 # The folder names inside a run directory (harness.run_dir.RunDir owns them; tests and messages use these).
@@ -131,13 +132,13 @@ def check_safetensors(path: Path) -> Path:
     with open(path, "rb") as f:
         head = f.read(16)
     if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
-        raise ValueError(f"{path} is a pickle / torch.save file, not safetensors: refusing to load it "
-                         "(unpickling can run arbitrary code)")
+        raise AttnlabError(f"{path} is a pickle / torch.save file, not safetensors: refusing to load it "
+                           "(unpickling can run arbitrary code)")
     try:
         with safe_open(str(path), framework="pt") as f:
             f.metadata()
     except Exception as exc:  # safetensors raises its own error types for every kind of damage
-        raise ValueError(f"{path} is not a valid safetensors file (corrupt or truncated): {exc}") from None
+        raise AttnlabError(f"{path} is not a valid safetensors file (corrupt or truncated): {exc}") from None
     return path
 
 
@@ -153,17 +154,17 @@ def read_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
     try:
         configs = ModelConfig.from_dict(data["model"]), TrainConfig.from_dict(data["train"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path} does not hold a valid model and train config: {exc}") from None
+        raise AttnlabError(f"{path} does not hold a valid model and train config: {exc}") from None
     # A checkpoint stores every field: a missing one must not silently take today's default.
     missing = [f"{part}.{f.name}" for part, cls in (("model", ModelConfig), ("train", TrainConfig))
                for f in dataclasses.fields(cls) if f.name not in data[part]]
     if missing:
-        raise ValueError(f"{path} does not hold a valid model and train config: missing field(s) {missing}")
+        raise AttnlabError(f"{path} does not hold a valid model and train config: missing field(s) {missing}")
     unknown = sorted(set(data) - {"format", "model", "train"})
     if unknown or data.get("format") != FORMAT:
         what = f"unknown key(s) {unknown}" if unknown else f"format {data.get('format')!r}"
-        raise ValueError(f"{path} does not hold a valid model and train config: {what}: expected format "
-                         f"{FORMAT} with 'model' and 'train'")
+        raise AttnlabError(f"{path} does not hold a valid model and train config: {what}: expected format "
+                           f"{FORMAT} with 'model' and 'train'")
     return configs
 
 
@@ -172,9 +173,9 @@ def read_state(run_dir: Path) -> dict:
     state = read_json(path)
     missing = [k for k in ("format", "step", "elapsed_s", "rng", "pending") if k not in state]
     if missing:
-        raise ValueError(f"{path} is corrupt: missing {missing}")
+        raise AttnlabError(f"{path} is corrupt: missing {missing}")
     if state["format"] != FORMAT:
-        raise ValueError(f"{path} has format {state['format']!r}: expected {FORMAT}")
+        raise AttnlabError(f"{path} has format {state['format']!r}: expected {FORMAT}")
     _check_state(state, path)
     return state
 
@@ -184,22 +185,22 @@ def _check_state(state: dict, path: Path) -> None:
     step, pending, rng = state["step"], state["pending"], state["rng"]
     check_int(f"{path} is corrupt: step", step, 0)
     if not is_number(state["elapsed_s"]):
-        raise ValueError(f"{path} is corrupt: elapsed_s={state['elapsed_s']!r} is invalid: expected a number")
+        raise AttnlabError(f"{path} is corrupt: elapsed_s={state['elapsed_s']!r} is invalid: expected a number")
     keys = ("loss_sum", "steps", "tokens", "time")
     if not isinstance(pending, dict) or not all(is_number(pending.get(k)) for k in keys):
-        raise ValueError(f"{path} is corrupt: pending={pending!r} is invalid: expected numbers {list(keys)}")
+        raise AttnlabError(f"{path} is corrupt: pending={pending!r} is invalid: expected numbers {list(keys)}")
     try:  # decode every RNG state the way set_rng_state will, on throwaway generators
         for key, ref in (("torch", torch.get_rng_state()), ("task", torch.Generator().get_state())):
             if _unb64(rng[key]).numel() != ref.numel():
-                raise ValueError(f"{key} state has the wrong size")
+                raise AttnlabError(f"{key} state has the wrong size")
         version, internal, gauss = rng["python"]
         random.Random().setstate((version, tuple(internal), gauss))
         name, np_keys, pos, has_gauss, cached = rng["numpy"]
         np.random.RandomState().set_state((name, np.asarray(np_keys, dtype=np.uint32), pos, has_gauss, cached))
         if not isinstance(rng["cuda"], list):
-            raise ValueError("cuda states are not a list")
+            raise AttnlabError("cuda states are not a list")
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"{path} is corrupt: the rng states are invalid ({type(exc).__name__}: {exc})") from None
+        raise AttnlabError(f"{path} is corrupt: the rng states are invalid ({type(exc).__name__}: {exc})") from None
 
 
 def load_weights(model: nn.Module, run_dir: Path) -> None:
@@ -207,7 +208,7 @@ def load_weights(model: nn.Module, run_dir: Path) -> None:
     try:
         load_model(model, str(path), strict=True, device=str(next(model.parameters()).device))
     except RuntimeError as exc:
-        raise ValueError(f"{path} does not fit the model: {exc}") from None
+        raise AttnlabError(f"{path} does not fit the model: {exc}") from None
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, run_dir: Path) -> None:
@@ -218,7 +219,7 @@ def load_optimizer(optimizer: torch.optim.Optimizer, run_dir: Path) -> None:
         for key in f.keys():
             tensors[key] = f.get_tensor(key)
     if meta is None:
-        raise ValueError(f"{path} is corrupt: no 'optimizer' metadata")
+        raise AttnlabError(f"{path} is corrupt: no 'optimizer' metadata")
     optimizer_state_from_tensors(optimizer, tensors, meta, str(path))
 
 
@@ -229,7 +230,7 @@ def load_run(run_dir: str | os.PathLike, device: Optional[str | torch.device] = 
     (:func:`harness.model.head_mask.apply_head_mask`), as they were in training.
     """
     if not isinstance(run_dir, (str, os.PathLike)):
-        raise TypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
+        raise AttnlabTypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
