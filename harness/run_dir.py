@@ -1,6 +1,6 @@
 """``RunDir``: the one owner of a run directory's layout, and the one atomic writer.
 
-Every stage writes plain files into the run directory (shared/DESIGN.md, "Data flow")::
+Every stage writes plain files into the run directory (docs/architecture.md, "Data flow")::
 
     checkpoint/               weights, optimizer state, config.json, state.json  (attnlab train)
     metrics.csv               training curves                                     (attnlab train)

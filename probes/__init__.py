@@ -1,6 +1,6 @@
 """Head redundancy probes: importance, pruning curves, similarity, roles and attention entropy.
 
-Every probe talks to a model only through the model protocol (shared/DESIGN.md): it gates heads
+Every probe talks to a model only through the model protocol (docs/architecture.md): it gates heads
 with hooks on ``blocks.{l}.attn.hook_z`` and reads ``blocks.{l}.attn.hook_pattern``, so it runs on
 attnlab's ``Transformer``, on any protocol ``HookedRootModule`` and on a ``TransformerBridge``.
 

@@ -43,7 +43,7 @@ ESTIMATOR_COLUMNS = ("method", "spearman", "kendall", "budget", "prunable_fracti
                      "forward_passes", "backward_passes")
 
 
-def average_ranks(x: Float[Tensor, " n"]) -> Float[Tensor, " n"]:  # noqa: F722
+def average_ranks(x: Float[Tensor, " n"]) -> Float[Tensor, " n"]:
     """Ranks 1..n, tied values sharing the mean of the ranks they span (float64)."""
     x = x.double()
     order = torch.argsort(x, stable=True)
@@ -55,7 +55,7 @@ def average_ranks(x: Float[Tensor, " n"]) -> Float[Tensor, " n"]:  # noqa: F722
     return (sums / counts)[inverse]
 
 
-def spearman(x: Float[Tensor, " n"], y: Float[Tensor, " n"]) -> float:  # noqa: F722
+def spearman(x: Float[Tensor, " n"], y: Float[Tensor, " n"]) -> float:
     """Spearman's rho: Pearson correlation of the average ranks; NaN when either side is constant."""
     rx, ry = average_ranks(x), average_ranks(y)
     rx, ry = rx - rx.mean(), ry - ry.mean()
@@ -63,7 +63,7 @@ def spearman(x: Float[Tensor, " n"], y: Float[Tensor, " n"]) -> float:  # noqa: 
     return float((rx * ry).sum()) / denom if denom > 0 else math.nan
 
 
-def kendall_tau_b(x: Float[Tensor, " n"], y: Float[Tensor, " n"]) -> float:  # noqa: F722
+def kendall_tau_b(x: Float[Tensor, " n"], y: Float[Tensor, " n"]) -> float:
     """Kendall's tau-b = (C - D) / sqrt((n0 - n1)(n0 - n2)) over all pairs (Kendall 1945).
 
     C / D: concordant / discordant pairs; n0 = n(n-1)/2; n1, n2: pairs tied in x, in y. NaN when

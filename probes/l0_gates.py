@@ -40,16 +40,16 @@ from probes._validate import ModelInfo, ProbeData, z_hook
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
 
 
-def l0_penalty(log_alpha: Float[Tensor, "n_layers n_heads"], beta: float = BETA,  # noqa: F722
-               gamma: float = GAMMA, zeta: float = ZETA) -> Float[Tensor, "n_layers n_heads"]:  # noqa: F722
+def l0_penalty(log_alpha: Float[Tensor, "n_layers n_heads"], beta: float = BETA,
+               gamma: float = GAMMA, zeta: float = ZETA) -> Float[Tensor, "n_layers n_heads"]:
     """``P(z != 0)`` for hard-concrete gates with parameters ``log_alpha`` (Louizos et al. 2018, eq. 12)."""
     return torch.sigmoid(log_alpha - beta * math.log(-gamma / zeta))
 
 
-def sample_gates(log_alpha: Float[Tensor, "n_layers n_heads"],  # noqa: F722 (jaxtyping dims)
-                 u: Float[Tensor, "batch n_layers n_heads"],  # noqa: F722
+def sample_gates(log_alpha: Float[Tensor, "n_layers n_heads"],
+                 u: Float[Tensor, "batch n_layers n_heads"],
                  beta: float = BETA, gamma: float = GAMMA,
-                 zeta: float = ZETA) -> Float[Tensor, "batch n_layers n_heads"]:  # noqa: F722
+                 zeta: float = ZETA) -> Float[Tensor, "batch n_layers n_heads"]:
     """One hard-concrete sample per row of uniform noise ``u`` in (0, 1); differentiable in ``log_alpha``
     (the reparameterisation of Louizos et al. 2018, §4)."""
     s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha[None]) / beta)

@@ -1,6 +1,6 @@
 """Model-agnostic invariant checks for attention models.
 
-Every check talks to a model only through the model protocol (shared/DESIGN.md): ``cfg``
+Every check talks to a model only through the model protocol (docs/architecture.md): ``cfg``
 fields, ``forward(tokens, attention_mask=None, position_offset=0)`` and TransformerLens hook
 names. ``check_model(model)`` runs them all and returns a table, one row per property;
 each property is also a function returning a :class:`PropertyResult`. Hugging Face GPT-2 or

@@ -35,7 +35,7 @@ from properties.checks import (
 from properties.search import PropertyResult, check_search_args
 
 # Model-level properties in report order. The component-level formulas (rotary_formula,
-# sinusoidal_formula) check harness.positions rather than a model, so they are not rows here.
+# sinusoidal_formula) check harness.model.positions rather than a model, so they are not rows here.
 PROPERTIES: dict[str, Callable[..., PropertyResult]] = {
     "permutation_equivariance": permutation_equivariance,
     "causal_outputs": causal_outputs,

@@ -133,7 +133,7 @@ def load_factory(spec: str) -> tuple[Any, dict[str, Any]]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise AttnlabError(f"--model {spec!r}: module {module_name!r} cannot be imported from {cwd} ({exc})") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module raised while importing: one line naming it
+    except Exception as exc:  # the user's module raised while importing: one line naming it
         raise AttnlabError(f"--model {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
     target: Any = module
     for part in attr.split("."):
@@ -144,7 +144,7 @@ def load_factory(spec: str) -> tuple[Any, dict[str, Any]]:
         raise AttnlabError(f"--model {spec!r}: {attr!r} is a {type(target).__name__}, not a callable factory")
     try:
         made = target()
-    except Exception as exc:  # noqa: BLE001 - the user's factory failed: one line naming the exception
+    except Exception as exc:  # the user's factory failed: one line naming the exception
         raise AttnlabError(f"--model {spec!r}: calling {attr}() raised {type(exc).__name__}: {exc}") from None
     return made, {"source": "model", "factory": str(spec)}
 
@@ -199,7 +199,7 @@ def smoke(model: Any) -> None:
     try:
         with torch.no_grad():
             model(torch.zeros(1, n, dtype=torch.long, device=device))
-    except Exception as exc:  # noqa: BLE001 - any failure of the user's model is reported as one error
+    except Exception as exc:  # any failure of the user's model is reported as one error
         raise AttnlabError(f"the model ({describe(model)}) raised {type(exc).__name__} on a plain {n}-token input: "
                            f"{exc}") from None
 

@@ -1,7 +1,7 @@
 """What a run directory holds, read back into DataFrames for the report.
 
 Every stage writes plain files into the run directory, laid out by :class:`harness.run_dir.RunDir`
-(see shared/DESIGN.md), so the report needs no model weights and each stage can be re-run alone.
+(see docs/architecture.md), so the report needs no model weights and each stage can be re-run alone.
 This module reads them back and checks each has the columns its writer declares.
 
 Stages that have not run leave their section of the report marked "not run" with the command

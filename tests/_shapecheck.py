@@ -5,7 +5,7 @@ jaxtyping instruments every function of ``harness``, ``properties`` and ``probes
 (``Float[Tensor, "batch pos d_model"]``, also inside ``Optional``/``tuple``/...). The other
 annotations (``int``, ``str``, a config, the model protocol) stay static-only: the project
 validates those arguments itself and raises one ValueError/TypeError naming the value
-(shared/DESIGN.md), which a beartype violation would otherwise pre-empt.
+(docs/architecture.md), which a beartype violation would otherwise pre-empt.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shared by the reliability tests: the clean-error contracts, a tally of fuzz cases, directory snapshots.
 
-The contracts (shared/DESIGN.md, "Errors"): a bad value given to the API raises ValueError or
+The contracts (docs/architecture.md, "Errors"): a bad value given to the API raises ValueError or
 TypeError (OSError subclasses for paths) whose message names the value; given to the CLI it
 ends as exactly one line on stderr, ``attnlab: ...``, exit code 2, no traceback. Either way
 nothing is written. Every generated case goes through :func:`api_error` or :func:`cli_error`,

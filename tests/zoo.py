@@ -134,7 +134,7 @@ def run(arch: str, adapter: str, *, seed: int = SEED, max_examples: int = MAX_EX
         row.route = getattr(model, "route", "bridge")
         with torch.no_grad():
             model(torch.zeros(1, 2, dtype=torch.long))
-    except Exception as exc:  # noqa: BLE001 - the bridge's own crash is the row's result
+    except Exception as exc:  # the bridge's own crash is the row's result
         if adapter == "hf":
             raise  # HFAdapter must take every zoo architecture
         row.error = f"{type(exc).__name__}: {_one_line(str(exc))}"

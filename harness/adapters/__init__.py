@@ -1,4 +1,4 @@
-"""The model protocol (shared/DESIGN.md) and the adapters that put other people's models behind it.
+"""The model protocol (docs/architecture.md) and the adapters that put other people's models behind it.
 
 :mod:`properties` and :mod:`probes` reach a model only through this package: :func:`check_protocol`
 is the one checker both call, and :class:`BridgeAdapter` wraps a TransformerLens ``TransformerBridge``.

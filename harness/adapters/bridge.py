@@ -90,7 +90,7 @@ class BridgeAdapter(HookedRootModule):
 
         try:
             return design_of(bridge.original_model)
-        except Exception:  # noqa: BLE001 - the builder replaced modules the reader needs: textbook defaults
+        except Exception:  # the builder replaced modules the reader needs: textbook defaults
             return None
 
     @staticmethod
@@ -132,7 +132,7 @@ class BridgeAdapter(HookedRootModule):
         arch = architecture or (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
         try:  # read before the builder replaces modules
             design = design_of(hf_model)
-        except Exception:  # noqa: BLE001 - a model the reader cannot take still gets the bridge's own cfg
+        except Exception:  # a model the reader cannot take still gets the bridge's own cfg
             design = None
         bridge = build_bridge_from_module(hf_model.eval(), arch, hf_config=hf_model.config)
         # no_processing: keep Hugging Face's weights as they are (no LayerNorm folding or unembedding

@@ -283,7 +283,7 @@ class HFAdapter(HookedRootModule):
         return hook
 
     # ---- forward --------------------------------------------------------------------------------------
-    def position_ids(self, mask: Int[Tensor, "batch pos"], position_offset: int) -> Int[Tensor, "batch pos"]:  # noqa: F722
+    def position_ids(self, mask: Int[Tensor, "batch pos"], position_offset: int) -> Int[Tensor, "batch pos"]:
         """The ids passed to the model: offset + real tokens before each token (+ the table offset it expects)."""
         ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)
         table = position_embedding_module(self.hf_model)
@@ -292,8 +292,8 @@ class HFAdapter(HookedRootModule):
             ids = ids + self._cfg.pos_offset
         return ids
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], attention_mask: Optional[Tensor] = None,  # noqa: F722
-                position_offset: int = 0) -> Float[Tensor, "batch pos d_vocab"]:  # noqa: F722
+    def forward(self, tokens: Int[Tensor, "batch pos"], attention_mask: Optional[Tensor] = None,
+                position_offset: int = 0) -> Float[Tensor, "batch pos d_vocab"]:
         cfg = self._cfg
         mask = wrapped_inputs(tokens, attention_mask, position_offset)
         kwargs: dict[str, Any] = {"attention_mask": mask}
@@ -338,7 +338,7 @@ class HFAdapter(HookedRootModule):
             raise AttributeError(f"{self._cfg.arch} has no cache to decode through")
         return super().__getattr__(name)
 
-    def _forward_with_cache(self, tokens: Int[Tensor, "batch new"], attention_mask: Optional[Tensor] = None,  # noqa: F722
+    def _forward_with_cache(self, tokens: Int[Tensor, "batch new"], attention_mask: Optional[Tensor] = None,
                             past: Optional[tuple[Any, Tensor]] = None) -> tuple[Tensor, tuple[Any, Tensor]]:
         """Logits of the new ``tokens`` through the model's own cache (its ``past_key_values``), and the
         cache to pass next: ``(hf_cache, mask so far)``. ``attention_mask`` covers the new tokens only."""
@@ -367,7 +367,7 @@ class HFAdapter(HookedRootModule):
         try:
             with torch.no_grad():
                 logits = self(tokens)
-        except Exception as exc:  # noqa: BLE001 - any failure of the user's model is reported as one error
+        except Exception as exc:  # any failure of the user's model is reported as one error
             raise AttnlabError(f"{self._cfg.arch} model ({type(self.hf_model).__name__}) raised "
                                f"{type(exc).__name__} on a plain {n}-token input: {exc}") from exc
         if tuple(logits.shape) != (1, n, self._cfg.d_vocab):

@@ -1,6 +1,6 @@
 """The declared design of a Hugging Face model, read off its config and modules (``HFAdapter.cfg``).
 
-Besides the protocol fields (shared/DESIGN.md) the design records where a model departs from
+Besides the protocol fields (docs/architecture.md) the design records where a model departs from
 the textbook attention of Vaswani et al. 2017, so that the property checks can follow what
 the model declares instead of one formula: the scale actually used, soft-capping, a sliding
 window per layer, partial or interleaved rotary, learned-position offsets, q/k norms and the

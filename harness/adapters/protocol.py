@@ -1,4 +1,4 @@
-"""The model protocol (shared/DESIGN.md) as a check, and the helpers that talk to a model through it.
+"""The model protocol (docs/architecture.md) as a check, and the helpers that talk to a model through it.
 
 Everything in :mod:`properties` reaches a model only through what this module checks:
 ``cfg`` fields, ``forward(tokens, attention_mask=None, position_offset=0)`` and named hook

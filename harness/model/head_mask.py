@@ -1,7 +1,7 @@
 """Pruned heads held at zero: a permanent hook on each layer's ``hook_z``.
 
 A head mask ``[n_layers, n_heads]`` (1 = keep, 0 = pruned) removes a head the way the probes
-ablate one (shared/DESIGN.md: heads are ablated through ``hook_z``, before the output
+ablate one (docs/architecture.md: heads are ablated through ``hook_z``, before the output
 projection), but for good: the hook is permanent (``reset_hooks`` and ``model.hooks()``
 leave it), so a pruned head outputs exactly zero in training, in evaluation, under the
 probes' own masks and after :func:`harness.load_run` (the mask travels in the run's config).

@@ -1,4 +1,4 @@
-"""The pieces of a block: normalization, attention, MLP. Shapes use the legend in model.py.
+"""The pieces of a block: normalization, attention, MLP. Shapes use the legend in harness/model/transformer.py.
 
 Idle hook points are skipped without a module call (:func:`hook`), so an unhooked
 forward costs what a plain PyTorch model costs; a hook on ``hook_attn_scores`` or

@@ -8,7 +8,7 @@ Dimension legend (used by every shape comment and einsum in harness/):
     d_mlp    MLP hidden width
     d_vocab  vocabulary size
 
-Forward protocol (shared/DESIGN.md): ``forward(tokens, attention_mask=None, position_offset=0)``
+Forward protocol (docs/architecture.md): ``forward(tokens, attention_mask=None, position_offset=0)``
 returns logits ``[batch, pos, d_vocab]``. ``attention_mask`` is 1 for a real token and 0
 for padding; a token's position is ``position_offset`` plus the number of real tokens
 before it, so left padding does not move positions.

@@ -2,7 +2,7 @@
 
 One step: draw the global batch from the task's seeded generator, keep this rank's slice,
 compute the (label-smoothed) loss on the masked targets, backpropagate, clip, update with
-the lr of this step (:func:`harness.schedules.lr_at`). Rows go to ``run_dir/metrics.csv``
+the lr of this step (:func:`harness.training.schedules.lr_at`). Rows go to ``run_dir/metrics.csv``
 as training goes; checkpoints (:mod:`harness.training.checkpoint`) hold everything a step depends
 on, so a stopped and resumed run repeats a straight run's numbers exactly on CPU (with the
 same torch thread count: a matmul splits its sums by thread, which moves the last bits).

@@ -141,7 +141,7 @@ class MetricsLog:
             return
         if self._file is None:
             new = not self.path.exists() or self.path.stat().st_size == 0
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self._file = open(self.path, "a", encoding="utf-8")  # closed in close()
             if new:
                 self._file.write(",".join(COLUMNS) + "\n")
         try:

@@ -1,6 +1,6 @@
 """What a model declares about its design in ``cfg``, read one way by every check that follows it.
 
-The protocol's ``cfg`` may declare where a model departs from the textbook (shared/DESIGN.md):
+The protocol's ``cfg`` may declare where a model departs from the textbook (docs/architecture.md):
 ``sliding_window`` (one window for every layer, or a per-layer tuple with None for a global
 layer), ``attn_scale`` / ``attn_scales`` (the factor on q.k, per layer), ``rotary_dim``,
 ``rotary_style``, ``rotary_base``, ``rope_type`` and ``alibi_style``. A field a model does not

@@ -1,4 +1,4 @@
-"""Component-level position formulas, checked on ``harness.positions`` (or any drop-in replacement).
+"""Component-level position formulas, checked on ``harness.model.positions`` (or any drop-in replacement).
 
 - ``rotary_formula``: for RoPE R_m (Su et al. 2021 eq. 16), <R_m q, R_n k> depends only on m - n,
   i.e. equals <R_{m+s} q, R_{n+s} k> for every shift s. Hypothesis draws d_head, q, k, m, n, s.
@@ -31,7 +31,7 @@ RotaryFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def harness_rotary(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """``harness.positions``' RoPE: rotate ``x [..., d_head]`` to the integer positions ``pos [...]`` (float64)."""
+    """RoPE of ``harness.model.positions``: rotate ``x [..., d_head]`` to integer positions ``pos [...]`` (float64)."""
     cos, sin = positions.rotary_cos_sin(pos, x.shape[-1], dtype=torch.float64)
     return positions.apply_rotary(x, cos, sin)
 
@@ -45,7 +45,7 @@ def _vectors(d: int):
 
 def rotary_formula(rotary: Optional[RotaryFn] = None, *, seed: int = 0,
                    max_examples: Optional[int] = None) -> PropertyResult:
-    """<R_m q, R_n k> == <R_{m+s} q, R_{n+s} k> for ``rotary(x, positions)`` (default: harness.positions)."""
+    """<R_m q, R_n k> == <R_{m+s} q, R_{n+s} k> for ``rotary(x, positions)`` (default: harness.model.positions)."""
     rotate = rotary or harness_rotary
     if not callable(rotate):
         raise AttnlabTypeError(f"rotary must be a callable (x, positions) -> rotated x, got {type(rotate).__name__}")

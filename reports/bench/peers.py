@@ -194,7 +194,7 @@ def corrupt(tokens: Tensor, d_vocab: int) -> Tensor:
 
 
 def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = TASKS) -> list[Row]:
-    """One row per (task, peer): the peer's time / attnlab's time, goal >= 1.5 (issue 12)."""
+    """One row per (task, peer): the peer's time / attnlab's time, goal >= 1.5."""
     hf_nn, hf_bridge, hf_ours = gpt2_models(shape)
     contenders: list[Any] = [Attnlab(hf_ours), Bridge(hf_bridge), Nnsight(hf_nn)]
     tokens = shape.tokens(torch.device("cpu"))

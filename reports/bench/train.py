@@ -27,7 +27,7 @@ from harness.training.metrics import flops_per_token, peak_flops
 from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
 from reports.bench.reference import PlainGPT
 
-# The CPU "peak" is the fp32 rate of square matmuls of this size, as harness.metrics.cpu_matmul_rate
+# The CPU "peak" is the fp32 rate of square matmuls of this size, as harness.training.metrics.cpu_matmul_rate
 # measures it for the training metrics; here it is timed interleaved with the training steps.
 PEAK_MATMUL_N = 512
 
@@ -112,7 +112,7 @@ def mfu_rows(shape: Shape, device: torch.device, rounds: int, *, amp: bool = Fal
     """Training-step speed vs PlainGPT and MFU at ``shape``, measured in one interleaved run.
 
     MFU (Chowdhery et al. 2022, PaLM, App. B) = FLOPs per token (6N + 12·L·d·T, Kaplan et al. 2020
-    §2.1, :func:`harness.metrics.flops_per_token`) x tokens/s / peak FLOP/s. The peak is the
+    §2.1, :func:`harness.training.metrics.flops_per_token`) x tokens/s / peak FLOP/s. The peak is the
     datasheet bf16 rate on a known GPU, and on CPU the fp32 matmul rate timed next to the steps.
     """
     ours, steps = train_contenders(shape, device, amp, compile_models)

@@ -1,4 +1,4 @@
-"""attnlab against TransformerLens's bridge and nnsight on the work users do (issue 12's speed goals).
+"""attnlab against TransformerLens's bridge and nnsight on the work users do (goal: each peer >= 1.5x slower).
 
 Each peer's result must equal attnlab's to 1e-4 before it is timed (``peer_rows`` raises otherwise);
 the ratios (peer time / attnlab time, goal >= 1.5) are printed and recorded, not asserted: a timed
