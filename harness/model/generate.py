@@ -1,8 +1,8 @@
 """Autoregressive sampling with a KV cache.
 
-Incremental decoding must give the logits a full recompute gives: each step feeds only
-the new token, its keys and values are appended to the cache, and its position is the
-number of real tokens before it (so a left-padded batch decodes like its unpadded rows).
+Incremental decoding must give the logits a full recompute gives: each step feeds only the new
+token, its keys and values are written into the cache's preallocated storage, and its position is
+the number of real tokens before it (so a left-padded batch decodes like its unpadded rows).
 """
 
 from __future__ import annotations
@@ -62,20 +62,22 @@ def generate(model, tokens: Tensor, max_new_tokens: int, *, temperature: float =
         if last > model.config.n_ctx:
             raise AttnlabError(f"generating {max_new_tokens} tokens reaches position {last - 1}: expected positions "
                                f"< n_ctx={model.config.n_ctx} for the learned position table")
-    out, steps = tokens, []
-    cache = KVCache(model.config.n_layers) if use_cache else None
-    logits = model(tokens, attention_mask=mask, kv_cache=cache)[:, -1]
+    total = pos + max_new_tokens
+    # the final length is known: tokens, mask and the cache's storage are allocated once, written in place
+    out = torch.cat((tokens, tokens.new_zeros(batch, max_new_tokens)), dim=1)
+    mask = torch.cat((mask.bool(), mask.new_ones(batch, max_new_tokens, dtype=torch.bool)), dim=1)
+    cache = KVCache(model.config.n_layers, capacity=max(total, 1)) if use_cache else None
+    steps = []
+    logits = model(tokens, attention_mask=mask[:, :pos], kv_cache=cache)[:, -1]
     for i in range(max_new_tokens):
         steps.append(logits)
-        nxt = sample(logits, temperature, top_k, generator)[:, None]
-        out = torch.cat((out, nxt), dim=1)
-        mask = torch.cat((mask, torch.ones_like(nxt, dtype=torch.bool)), dim=1)
+        out[:, pos + i] = sample(logits, temperature, top_k, generator)
         if i + 1 == max_new_tokens:
             break
         if cache is not None:
-            logits = model(nxt, kv_cache=cache)[:, -1]
+            logits = model(out[:, pos + i:pos + i + 1], kv_cache=cache)[:, -1]
         else:
-            logits = model(out, attention_mask=mask)[:, -1]
+            logits = model(out[:, :pos + i + 1], attention_mask=mask[:, :pos + i + 1])[:, -1]
     if return_logits:
         empty = tokens.new_zeros((batch, 0, model.config.d_vocab), dtype=torch.float32)
         return out, (torch.stack(steps, dim=1) if steps else empty)

@@ -1,4 +1,14 @@
-"""The key/value cache incremental decoding appends to (one entry per layer, plus the padding mask)."""
+"""The key/value cache incremental decoding writes into (one entry per layer, plus the padding mask).
+
+Storage is preallocated and written in place (litgpt's ``KVCache.index_copy_``), not grown by
+``torch.cat``: a cat copies the whole cache at every step, so decoding n tokens moves O(n^2) bytes
+and every step allocates. Here a step writes only its own keys and values into
+``storage[:, :, length:length + new]`` and attention reads the view ``storage[:, :, :length + new]``.
+When the caller knows the final length (``generate`` does: prompt + new tokens) the storage is
+allocated once at that ``capacity``; otherwise it doubles when full, which keeps the copying
+amortized O(1) per token. The cache is for inference (``torch.no_grad``): an in-place write into a
+tensor that autograd saved would invalidate it.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +17,91 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache", "KVCacheEntry"]
+from harness._checks import check_int
+
+__all__ = ["KVCache", "KVCacheEntry", "grown"]
+
+
+def grown(storage: Optional[Tensor], like: Tensor, used: int, needed: int, capacity: Optional[int],
+          dim: int) -> Tensor:
+    """``storage`` with room for ``needed`` entries along ``dim``: itself, or a larger copy of its ``used`` part.
+
+    New storage has ``like``'s shape, dtype and device but for ``dim``; it holds ``capacity`` entries
+    when that suffices, else twice what it held (at least ``needed``).
+    """
+    have = 0 if storage is None else storage.shape[dim]
+    if needed <= have:
+        return storage  # type: ignore[return-value]  # have > 0, so storage is a tensor
+    size = capacity if capacity is not None and capacity >= needed else max(needed, 2 * have)
+    shape = list(like.shape)
+    shape[dim] = size
+    fresh = like.new_zeros(shape)
+    if storage is not None and used:
+        fresh.narrow(dim, 0, used).copy_(storage.narrow(dim, 0, used))
+    return fresh
 
 
 class KVCacheEntry:
-    """Rotated keys and values of one layer, ``[batch, n_heads, t, d_head]``."""
+    """Rotated keys and values of one layer: storage ``[batch, n_heads, capacity, d_head]``, ``length`` used."""
 
-    def __init__(self) -> None:
-        self.k: Optional[Tensor] = None
-        self.v: Optional[Tensor] = None
+    def __init__(self, capacity: Optional[int] = None) -> None:
+        self.capacity = capacity
+        self.k_storage: Optional[Tensor] = None
+        self.v_storage: Optional[Tensor] = None
+        self.length = 0
+
+    @property
+    def k(self) -> Optional[Tensor]:
+        return None if self.k_storage is None else self.k_storage[:, :, :self.length]
+
+    @property
+    def v(self) -> Optional[Tensor]:
+        return None if self.v_storage is None else self.v_storage[:, :, :self.length]
 
     def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is not None and self.v is not None:
-            k = torch.cat((self.k, k), dim=2)
-            v = torch.cat((self.v, v), dim=2)
-        self.k, self.v = k, v
-        return k, v
+        """Write ``k, v [batch, n_heads, new, d_head]`` after the cached ones; the keys and values so far."""
+        start, new = self.length, k.shape[2]
+        self.k_storage = grown(self.k_storage, k, start, start + new, self.capacity, dim=2)
+        self.v_storage = grown(self.v_storage, v, start, start + new, self.capacity, dim=2)
+        index = torch.arange(start, start + new, device=k.device)
+        self.k_storage.index_copy_(2, index, k)
+        self.v_storage.index_copy_(2, index, v)
+        self.length = start + new
+        return self.k_storage[:, :, :self.length], self.v_storage[:, :, :self.length]
 
 
 class KVCache:
-    """Keys and values of every layer plus the padding mask seen so far."""
+    """Keys and values of every layer plus the padding mask seen so far.
 
-    def __init__(self, n_layers: int):
-        self.layers = [KVCacheEntry() for _ in range(n_layers)]
+    ``capacity``: the most tokens (padding included) the cache will hold, when known; the storage
+    is then allocated once. Without it (or past it) storage doubles as needed.
+    """
+
+    def __init__(self, n_layers: int, capacity: Optional[int] = None):
+        check_int("n_layers", n_layers, 1)
+        check_int("capacity", capacity, 1, none_ok=True)
+        self.capacity = capacity
+        self.layers = [KVCacheEntry(capacity) for _ in range(n_layers)]
         self.length = 0
-        self.mask: Optional[Tensor] = None  # bool [batch, length]; None = every token real
+        self._mask: Optional[Tensor] = None  # bool storage [batch, capacity]; None = every token real so far
+
+    @property
+    def mask(self) -> Optional[Tensor]:
+        """The padding mask of the cached tokens, ``bool [batch, length]`` (None: every one is real)."""
+        return None if self._mask is None else self._mask[:, :self.length]
+
+    def key_mask(self, new: Optional[Tensor], batch: int, q: int, device: torch.device) -> Optional[Tensor]:
+        """Record the new tokens' mask (``bool [batch, q]`` or None = all real); the mask of every key so far.
+
+        Returns ``bool [batch, length + q]``, or None while every token ever seen is real.
+        """
+        if new is None and self._mask is None:
+            return None
+        if self._mask is None:  # the first padded tokens: every earlier one was real
+            self._mask = grown(None, torch.ones(batch, 1, dtype=torch.bool, device=device), 0,
+                               self.length + q, self.capacity, dim=1)
+            self._mask[:, :self.length] = True
+        else:
+            self._mask = grown(self._mask, self._mask, self.length, self.length + q, self.capacity, dim=1)
+        self._mask[:, self.length:self.length + q] = True if new is None else new
+        return self._mask[:, :self.length + q]

@@ -141,11 +141,10 @@ class Transformer(HookedRootModule):
         key_mask = None  # bool [batch, past + q], True for real keys
         if mask is not None and bool(mask.all()):
             mask = None  # an all-ones mask is no mask; keeps the SDPA fast path
-        if mask is not None or (cache is not None and cache.mask is not None):
-            old = cache.mask if cache is not None and cache.mask is not None else \
-                torch.ones(batch, past, dtype=torch.bool, device=device)
-            new = mask if mask is not None else torch.ones(batch, q, dtype=torch.bool, device=device)
-            key_mask = torch.cat((old, new), dim=1)
+        if cache is not None:  # written in place into the cache's mask storage
+            key_mask = cache.key_mask(mask, batch, q, device)
+        elif mask is not None:
+            key_mask = mask
         if key_mask is None:
             k_pos = torch.arange(offset, offset + past + q, device=device)[None]
         else:
@@ -173,8 +172,6 @@ class Transformer(HookedRootModule):
         elif self.pos_type == "alibi":
             bias = alibi_bias(q_pos, k_pos, self.alibi_slopes, dtype)
         ctx = AttnContext(cos=cos, sin=sin, allowed=allowed, is_causal=causal and q > 1, bias=bias)
-        if cache is not None:
-            cache.mask = key_mask
         return q_pos, ctx
 
     # --- forward -----------------------------------------------------------------------
