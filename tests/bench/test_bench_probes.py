@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import probes
+from probes.compare import ESTIMATORS
 from harness import ModelConfig, Transformer
 from reports.bench.reference import naive_head_ablation as naive_loop
 from tests.bench.common import FULL, report
@@ -141,13 +142,27 @@ def test_bench_l0_gates_and_compare_vs_exact(benchmark, setup):
     opts = probes.L0Options(steps=100 if FULL else 30)
     benchmark.pedantic(lambda: probes.head_importance(model, tokens), rounds=1, iterations=1)
     before = load()
+    last: dict = {}  # each contender's last result, checked below (what does not depend on timing)
+
+    def kept(name, fn):
+        return lambda: last.__setitem__(name, fn())
+
     times, med = _paired({
-        "exact": lambda: probes.head_importance(model, tokens),
-        "l0_gates": lambda: probes.head_importance(model, tokens, method="l0_gates", l0_options=opts),
-        "compare": lambda: probes.compare_estimators(model, tokens, l0_options=opts),
+        "exact": kept("exact", lambda: probes.head_importance(model, tokens)),
+        "l0_gates": kept("l0_gates", lambda: probes.head_importance(model, tokens, method="l0_gates",
+                                                                    l0_options=opts)),
+        "compare": kept("compare", lambda: probes.compare_estimators(model, tokens, l0_options=opts)),
     }, 3 if FULL else 2)
     report(benchmark, f"l0_gates ({opts.steps} steps) and compare_estimators vs exact leave-one-out, "
                       f"{N_SEQ}x{POS} tokens", exact_s=med["exact"], l0_gates_s=med["l0_gates"],
            compare_s=med["compare"], l0_over_exact=_ratio(times, "l0_gates", "exact"),
            compare_over_exact=_ratio(times, "compare", "exact"), threads=float(torch.get_num_threads()),
            load_before=before, load_after=load())
+    n_heads = model.cfg.n_layers * model.cfg.n_heads
+    gates_open = last["l0_gates"].importance
+    assert len(gates_open) == n_heads and gates_open.between(0, 1).all()  # P(gate != 0) per head
+    compare = last["compare"]
+    assert tuple(compare.columns) == probes.ESTIMATOR_COLUMNS and set(compare.method) == set(ESTIMATORS)
+    exact = compare[compare.method == "ablation"]
+    # ablation *is* exact leave-one-out: against itself both rank correlations are 1
+    assert (exact.spearman == 1.0).all() and (exact.kendall == 1.0).all()
