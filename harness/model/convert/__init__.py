@@ -5,6 +5,6 @@ side cannot reproduce exactly; nothing here touches the network.
 """
 
 from harness.model.convert.from_hf import SUPPORTED, from_hf
-from harness.model.convert.to_hf import to_hf
+from harness.model.convert.to_hf import check_exportable, to_hf
 
-__all__ = ["SUPPORTED", "from_hf", "to_hf"]
+__all__ = ["SUPPORTED", "check_exportable", "from_hf", "to_hf"]

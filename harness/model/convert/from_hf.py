@@ -5,8 +5,13 @@ function with code we did not write, so equal logits, residual streams and atten
 patterns check our embedding, attention, MLP, norms and positions at once.
 
 Every config option is checked before any weight is copied; an option our model cannot
-reproduce exactly raises ``ValueError`` instead of giving a model that silently differs.
+reproduce exactly raises ``AttnlabError`` instead of giving a model that silently differs.
 Nothing here touches the network: the Hugging Face model is already in memory.
+
+The designs :func:`harness.model.convert.to_hf` writes as weights come back as designs: MLPs whose
+weights are all zero add exactly nothing, so the model is attention-only; a GPT-2 position table of
+zeros is no positions, one equal to our sinusoids is sinusoidal positions. A round trip therefore
+gives back the same config and the same weights.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import ModelConfig
 from harness.model.layers import Block, Norm
-from harness.model.transformer import Transformer
+from harness.model.positions import sinusoidal_table
+from harness.model.transformer import TORCH_DTYPES, Transformer
 
 SUPPORTED = ("GPT2LMHeadModel", "LlamaForCausalLM")
 
@@ -40,8 +47,6 @@ def from_hf(hf_model: Any) -> Transformer:
     """
     if not isinstance(hf_model, nn.Module):
         raise AttnlabTypeError(f"from_hf expects a Hugging Face nn.Module, got {type(hf_model).__name__}")
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
-
     builders: dict[type, tuple[Callable, Callable]] = {
         GPT2LMHeadModel: (_gpt2_config, _gpt2_copy),
         LlamaForCausalLM: (_llama_config, _llama_copy),
@@ -54,6 +59,7 @@ def from_hf(hf_model: Any) -> Transformer:
     params = list(hf_model.parameters())
     dtype = "float64" if params and params[0].dtype == torch.float64 else "float32"
     cfg = make_config(hf_model.config, dtype)
+    cfg = cfg.replace(**_designs_in_weights(hf_model, cfg))
     _check_tied(hf_model, cfg)
     model = Transformer(cfg)
     with torch.no_grad():
@@ -77,6 +83,29 @@ def _init_range(config: Any) -> dict:
     # Only recorded in our config (weights are overwritten); our config requires > 0.
     r = getattr(config, "initializer_range", None)
     return {"init_range": float(r)} if isinstance(r, (int, float)) and r > 0 else {}
+
+
+def _mlp_params(hf_model: Any) -> list[Tensor]:
+    if hasattr(hf_model, "transformer"):  # GPT-2
+        return [p for block in hf_model.transformer.h for p in block.mlp.parameters()]
+    return [p for layer in hf_model.model.layers for p in layer.mlp.parameters()]
+
+
+def _designs_in_weights(hf_model: Any, cfg: ModelConfig) -> dict[str, Any]:
+    """Config changes that weights written by to_hf imply (see the module docstring)."""
+    changes: dict[str, Any] = {}
+    if all(not p.any() for p in _mlp_params(hf_model)):
+        changes.update(attn_only=True, d_mlp=None)  # d_mlp: unused, back to its default
+    if hasattr(hf_model, "transformer"):
+        wpe = hf_model.transformer.wpe.weight.detach()
+        if not wpe.any():
+            changes["positional_embedding_type"] = "none"
+        elif cfg.d_model % 2 == 0:
+            dtype = TORCH_DTYPES[cfg.dtype]
+            table = sinusoidal_table(torch.arange(wpe.shape[0], device=wpe.device), cfg.d_model, dtype=dtype)
+            if torch.equal(wpe.to(dtype), table):
+                changes["positional_embedding_type"] = "sinusoidal"
+    return changes
 
 
 def _check_tied(hf_model: Any, cfg: ModelConfig) -> None:
@@ -127,16 +156,20 @@ def _gpt2_config(c: Any, dtype: str) -> ModelConfig:
 def _gpt2_copy(hf: Any, model: Transformer) -> None:
     t = hf.transformer
     _put(model.embed.weight, t.wte.weight)
-    _put(model.pos_embed.weight, t.wpe.weight)
+    if model.config.positional_embedding_type == "standard":
+        _put(model.pos_embed.weight, t.wpe.weight)
     for ours, theirs in zip(_blocks(model), t.h, strict=True):
         # HF's Conv1D stores weights [in, out] (x @ W); nn.Linear stores [out, in].
         # c_attn's output columns are [q | k | v], each head-major: our fused qkv layout.
-        pairs = [(ours.attn.qkv, theirs.attn.c_attn), (ours.attn.o, theirs.attn.c_proj),
-                 (ours.mlp.w_in, theirs.mlp.c_fc), (ours.mlp.w_out, theirs.mlp.c_proj)]
+        pairs = [(ours.attn.qkv, theirs.attn.c_attn), (ours.attn.o, theirs.attn.c_proj)]
+        norms = [(cast(Norm, ours.ln1), theirs.ln_1)]
+        if not model.config.attn_only:
+            pairs += [(ours.mlp.w_in, theirs.mlp.c_fc), (ours.mlp.w_out, theirs.mlp.c_proj)]
+            norms.append((cast(Norm, ours.ln2), theirs.ln_2))
         for linear, conv in pairs:
             _put(linear.weight, conv.weight.T)
             _put(linear.bias, conv.bias)
-        for norm, ln in ((cast(Norm, ours.ln1), theirs.ln_1), (cast(Norm, ours.ln2), theirs.ln_2)):
+        for norm, ln in norms:
             _put(norm.w, ln.weight)
             _put(norm.b, ln.bias)
     _put(model.ln_final.w, t.ln_f.weight)
@@ -178,11 +211,13 @@ def _llama_copy(hf: Any, model: Transformer) -> None:
         if model.config.attn_bias:
             _put(ours.attn.qkv.bias, torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)))
             _put(ours.attn.o.bias, a.o_proj.bias)
+        _put(cast(Norm, ours.ln1).w, theirs.input_layernorm.weight)
+        if model.config.attn_only:
+            continue
         # SwiGLU (Shazeer 2020): down(act(gate x) * up x); ours is w_out(act(w_gate x) * w_in x).
         _put(ours.mlp.w_gate.weight, theirs.mlp.gate_proj.weight)
         _put(ours.mlp.w_in.weight, theirs.mlp.up_proj.weight)
         _put(ours.mlp.w_out.weight, theirs.mlp.down_proj.weight)
-        _put(cast(Norm, ours.ln1).w, theirs.input_layernorm.weight)
         _put(cast(Norm, ours.ln2).w, theirs.post_attention_layernorm.weight)
     _put(model.ln_final.w, m.norm.weight)
     _unembed(hf, model)
