@@ -85,6 +85,21 @@ def check_search_args(seed: Any, max_examples: Any) -> None:
 Measure = Callable[[Any], tuple[float, str]]
 
 
+# How the common inputs read in a counterexample: tokens, (tokens, mask or None), (tokens, offset).
+def tokens_text(x: Any) -> str:
+    return f"tokens={x.tolist()}"
+
+
+def masked_text(example: Any) -> str:
+    x, mask = example
+    return f"tokens={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
+
+
+def offset_text(example: Any) -> str:
+    x, offset = example
+    return f"tokens={x.tolist()} position_offset={offset}"
+
+
 def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measure,
            describe: Callable[[Any], str], *, seed: int, max_examples: Optional[int],
            info: Callable[[], str] = lambda: "") -> PropertyResult:

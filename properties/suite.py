@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any, Optional, cast
 
 import pandas as pd
@@ -13,48 +12,14 @@ from harness.adapters.entry import adapt, describe
 from harness.adapters.function import FunctionModel
 from harness.adapters.protocol import AnyModel, ProtocolModel, check_protocol, observed_hooks
 from harness.errors import AttnlabError
-from properties.checks import (
-    alibi_slopes,
-    attention_scale,
-    batch_independence,
-    causal_outputs,
-    causal_pattern,
-    finite_outputs,
-    kernel_consistency,
-    kv_cache,
-    padding_outputs,
-    padding_pattern,
-    pattern_distribution,
-    permutation_equivariance,
-    relative_position,
-    rotary_norm,
-    rotary_precision,
-    sinusoidal_shift,
-    sliding_window,
-)
-from properties.search import PropertyResult, check_search_args
+from properties import checks as checks  # imported for its effect: every property registers itself
+from properties.registry import SUITE, Check
+from properties.search import check_search_args
 
-# Model-level properties in report order. The component-level formulas (rotary_formula,
-# sinusoidal_formula) check harness.model.positions rather than a model, so they are not rows here.
-PROPERTIES: dict[str, Callable[..., PropertyResult]] = {
-    "permutation_equivariance": permutation_equivariance,
-    "causal_outputs": causal_outputs,
-    "causal_pattern": causal_pattern,
-    "pattern_distribution": pattern_distribution,
-    "padding_outputs": padding_outputs,
-    "padding_pattern": padding_pattern,
-    "batch_independence": batch_independence,
-    "attention_scale": attention_scale,
-    "relative_position": relative_position,
-    "rotary_norm": rotary_norm,
-    "sinusoidal_shift": sinusoidal_shift,
-    "kv_cache": kv_cache,
-    "sliding_window": sliding_window,
-    "alibi_slopes": alibi_slopes,
-    "kernel_consistency": kernel_consistency,
-    "rotary_precision": rotary_precision,
-    "finite_outputs": finite_outputs,
-}
+# Model-level properties in report order: a live view of the registry (properties/registry.py), in
+# each property's ``order``. The component-level formulas (rotary_formula, sinusoidal_formula) check
+# harness.model.positions rather than a model, so they are registered but are not rows here.
+PROPERTIES: Mapping[str, Check] = SUITE
 COLUMNS = ["property", "applicable", "passed", "worst", "tolerance", "counterexample", "status", "reason"]
 
 
@@ -96,7 +61,7 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     model.eval()  # dropout or other train-mode noise would break every equality
     try:
         observed = observed_hooks(model)  # once: which hook points fire on this model
-        rows = [_run_check(PROPERTIES[n], model, seed, max_examples, observed) for n in names]
+        rows = [PROPERTIES[n](model, seed=seed, max_examples=max_examples, observed=observed) for n in names]
     finally:
         model.train(was_training)
     frame = pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in rows], columns=COLUMNS)
@@ -104,12 +69,3 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     frame.attrs["adapter"] = describe(model)
     return frame
 
-
-def _run_check(check: Callable[..., PropertyResult], model: Any, seed: int, max_examples: Optional[int],
-               observed: set[str]) -> PropertyResult:
-    try:
-        takes_observed = "observed" in inspect.signature(check).parameters
-    except (TypeError, ValueError):
-        takes_observed = False
-    kwargs = {"observed": observed} if takes_observed else {}
-    return check(model, seed=seed, max_examples=max_examples, **kwargs)

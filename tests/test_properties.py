@@ -18,7 +18,7 @@ from transformer_lens.hook_points import HookPoint
 import properties
 from harness import ModelConfig, Transformer
 from harness.model import positions as P
-from properties import check_model, check_protocol
+from properties import check_model, check_protocol, registry
 from tests.mutants.base import RefConfig, RefModel
 from tests.mutants.catalogue import MUTANTS
 
@@ -43,9 +43,11 @@ def test_table_columns_and_applicability():
     assert list(frame.property) == list(properties.PROPERTIES)
     rows = frame.set_index("property")
     applicable = set(rows.index[rows.applicable])
-    assert applicable == {"causal_outputs", "causal_pattern", "pattern_distribution", "padding_outputs",
-                          "padding_pattern", "batch_independence", "attention_scale", "relative_position",
-                          "rotary_norm", "kv_cache", "kernel_consistency", "rotary_precision", "finite_outputs"}
+    # the designs each property applies to are the registry's (properties/registry.py, Applies)
+    model = small(positional_embedding_type="rotary")
+    assert applicable == {p.name for p in registry.registered("model") if p.applies.not_applicable(model) is None}
+    assert {"rotary_norm", "rotary_precision", "kv_cache"} <= applicable  # a rotary causal model decodes
+    assert not applicable & {"permutation_equivariance", "sinusoidal_shift", "alibi_slopes", "sliding_window"}
     na = rows[~rows.applicable]
     assert na.passed.isna().all() and na.worst.isna().all()
     assert set(rows.status) <= {"pass", "n/a"} and (rows.status == "n/a").eq(~rows.applicable).all()

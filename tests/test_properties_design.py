@@ -1,4 +1,4 @@
-"""Checks follow the model's declared design (cfg fields, properties.checks.design), and still bite.
+"""Checks follow the model's declared design (cfg fields, properties.design), and still bite.
 
 Each design has a pair: a reference model (tests/mutants/base.py) built that way and declaring it
 passes; the same model declaring something else, or breaking the declared design, fails. Small
@@ -13,8 +13,11 @@ from typing import Optional
 
 import pytest
 import torch
+from transformer_lens.config.transformer_bridge_config import TransformerBridgeConfig
 
 import properties
+from harness import ModelConfig, Transformer
+from properties import design
 from tests.mutants.base import RefAttention, RefConfig, RefModel, rope
 
 FAST = 6
@@ -185,10 +188,6 @@ def test_partial_rotary_passes_with_its_declared_layout_and_fails_with_another()
 
 def test_a_transformer_lens_config_declares_its_scale_as_a_divisor():
     # TransformerLens divides q.k by cfg.attn_scale (-1: sqrt(d_head)) and caps with attn_scores_soft_cap
-    from transformer_lens.config.transformer_bridge_config import TransformerBridgeConfig
-
-    from properties.checks import design
-
     def tl(**kw):
         return TransformerBridgeConfig(d_model=32, d_head=8, n_layers=1, n_ctx=32, n_heads=4, d_vocab=32, **kw)
 
@@ -199,8 +198,6 @@ def test_a_transformer_lens_config_declares_its_scale_as_a_divisor():
 
 
 def test_an_unscaled_harness_model_declares_it():
-    from harness import ModelConfig, Transformer
-
     model = Transformer(ModelConfig(n_layers=1, d_model=32, n_heads=4, d_vocab=32, n_ctx=32, use_attn_scale=False))
     assert model.cfg.attn_scale == 1.0
     r = row(model, "attention_scale")

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from harness.model.positions import apply_rotary, rotary_cos_sin
-from properties.checks._design import rotary_design, windows
 from properties.checks.alibi import fitted_slopes, press_slopes
-from properties.checks.rotary_precision import rotate
-from properties.checks.sliding_window import admitted
+from properties.checks.rotary_phase import rotate
+from properties.checks.window import admitted
+from properties.design import rotary_design, windows
 
 
 @pytest.mark.parametrize("n, expected", [

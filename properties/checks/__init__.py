@@ -1,23 +1,29 @@
-"""The property checks, one module per idea; each public function returns a :class:`PropertyResult`."""
+"""The property checks: one module per property, each registering itself (:mod:`properties.registry`).
 
-from properties.checks.alibi import alibi_slopes
-from properties.checks.batch import batch_independence
-from properties.checks.causal import causal_outputs, causal_pattern
-from properties.checks.components import rotary_formula, sinusoidal_formula
-from properties.checks.finite import finite_outputs
-from properties.checks.kernel import kernel_consistency
-from properties.checks.kv_cache import kv_cache
-from properties.checks.padding import padding_outputs, padding_pattern
-from properties.checks.pattern import pattern_distribution
-from properties.checks.permutation import permutation_equivariance
-from properties.checks.relative import relative_position, rotary_norm, sinusoidal_shift
-from properties.checks.rotary_precision import rotary_precision
-from properties.checks.scale import attention_scale
-from properties.checks.sliding_window import sliding_window
+Importing this package imports every public module in it, so that each registers its property;
+a module whose name starts with "_" is a shared helper and registers none. ``__all__`` and the
+check attributes (``properties.checks.causal_pattern``) are read from the registry. A module is
+named for its idea, never after its property (``cache.py`` registers ``kv_cache``), so that
+``properties.checks.kv_cache`` has one meaning: the check.
+"""
 
-__all__ = [
-    "attention_scale", "batch_independence", "causal_outputs", "causal_pattern", "kv_cache",
-    "padding_outputs", "padding_pattern", "pattern_distribution", "permutation_equivariance",
-    "relative_position", "rotary_formula", "rotary_norm", "sinusoidal_formula", "sinusoidal_shift",
-    "sliding_window", "alibi_slopes", "finite_outputs", "kernel_consistency", "rotary_precision",
-]
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+from properties import registry
+
+MODULES = tuple(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+for _module in MODULES:
+    importlib.import_module(_module)
+__all__ = registry.names()  # the attributes are looked up in the registry, so a later property is one at once
+
+
+def __getattr__(name: str) -> Any:
+    return registry.check(name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *registry.names()})

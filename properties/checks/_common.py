@@ -1,4 +1,4 @@
-"""Shared pieces of the property checks: tolerances, deviations, input bounds.
+"""Shared pieces of the property checks: tolerances, deviations, input bounds, where a deviation peaks.
 
 Tolerances (float32 models, compared in float64):
 - ``LOGIT_RTOL``: two forward passes that are equal in exact arithmetic but batch, pad,
@@ -15,19 +15,20 @@ Tolerances (float32 models, compared in float64):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Optional
+from typing import Any
 
 import torch
+from hypothesis import strategies as st
 from torch import Tensor
 
-from harness.adapters.protocol import ProtocolModel, check_protocol, observed_hooks
+from properties.strategies import position_offsets, token_batches
 
 LOGIT_RTOL = 1e-4
+LOGIT_RULE = "relative to max(1, max|logit|): float32 kernels and summation orders differ by ~1e-7..1e-6"
 MAX_LEN = 8  # sequence lengths the searches draw; small keeps a search to milliseconds per example
 
 
-def max_len(cfg, cap: int = MAX_LEN) -> int:
+def max_len(cfg: Any, cap: int = MAX_LEN) -> int:
     return max(1, min(cap, cfg.n_ctx))
 
 
@@ -49,24 +50,23 @@ def scaled_deviation(actual: Tensor, expected: Tensor) -> tuple[float, tuple[int
     return float(diff.max()) / scale, idx
 
 
-def prepare(model: ProtocolModel, observed: Optional[set[str]]) -> set[str]:
-    """Check the protocol's forward/cfg part and return the hooks that fire (computed if not given).
-
-    :func:`properties.check_model` computes ``observed`` once and passes it to every check.
-    """
-    check_protocol(model, hooks=False)
-    return observed_hooks(model) if observed is None else set(observed)
-
-
-def hook_gap(model: ProtocolModel, names: Iterable[str], observed: set[str]) -> Optional[str]:
-    """Why a check needing ``names`` cannot look at ``model`` (None when every hook fires)."""
-    for name in names:
-        if name not in model.hook_dict:
-            return f"no hook point {name}"
-        if name not in observed:
-            return f"hook {name} exists but never fires on this model"
-    return None
+def where_max(t: Tensor) -> tuple[int, ...]:
+    """The first index of ``t``'s largest entry (NaN-free ``t``), to name where a deviation peaks."""
+    return tuple(int(i) for i in (t == t.max()).nonzero()[0])
 
 
 def fmt(x: float) -> str:
     return f"{x:.3g}"
+
+
+def tokens_and_offset(cfg: Any, min_offset: int, max_offset: int, max_batch: int = 2, min_len: int = 1):
+    """Tokens and a position offset in [min_offset, max_offset] with every position below n_ctx."""
+    longest = max(min_len, min(max_len(cfg), cfg.n_ctx - min_offset))
+
+    @st.composite
+    def build(draw):
+        x = draw(token_batches(cfg.d_vocab, max_batch=max_batch, min_len=min_len, max_len=longest))
+        top = max(min_offset, min(max_offset, cfg.n_ctx - x.shape[1]))
+        return x, draw(position_offsets(top, min_offset=min_offset))
+
+    return build()

@@ -34,11 +34,10 @@ from hypothesis import strategies as st
 
 from harness._checks import check_positive_int
 from harness.adapters.protocol import forward_capture
-from properties.checks._common import fmt, hook_gap, max_len, prepare
-from properties.checks._design import unit_roundoff
-from properties.search import PropertyResult, search
+from properties.checks._common import fmt, max_len
+from properties.design import unit_roundoff
+from properties.registry import Applies, Case, Plan, model_property
 
-NAME = "alibi_slopes"
 TOLERANCE = 1.0
 RTOL = 1e-3
 
@@ -67,19 +66,14 @@ def fitted_slopes(bias: torch.Tensor, allowed: torch.Tensor, x: torch.Tensor) ->
     return (b_c * x_c).sum((0, 2, 3)) / ((x_c * x_c).sum() * bias.shape[0]).clamp(min=1e-300)
 
 
-def alibi_slopes(model, *, seed: int = 0, max_examples: int | None = None,
-                 observed: set[str] | None = None) -> PropertyResult:
+@model_property(name="alibi_slopes", order=140, tolerance=TOLERANCE,
+                rule="the slope error over its allowance, 1e-3 relative plus what rounding the hook's values in "
+                     "their dtype moves a least-squares slope by",
+                applies=Applies(positional=("alibi",), min_ctx=3),
+                needs=("blocks.0.attn.hook_attn_scores|blocks.0.attn.hook_pattern",))
+def alibi_slopes(case: Case) -> Plan:
     """The slopes recovered from layer 0's scores (or pattern) are Press et al.'s, per head (ALiBi models)."""
-    observed = prepare(model, observed)
-    cfg = model.cfg
-    if cfg.positional_embedding_type != "alibi" or cfg.n_ctx < 3:
-        return PropertyResult.not_applicable(NAME, TOLERANCE)
-    name = "blocks.0.attn.hook_attn_scores"
-    if name not in observed:
-        name = "blocks.0.attn.hook_pattern"
-    gap = hook_gap(model, [name], observed)
-    if gap:
-        return PropertyResult.unobservable(NAME, TOLERANCE, f"needs hook_attn_scores or hook_pattern: {gap}")
+    model, cfg, (name,) = case.model, case.cfg, case.hooks
     expected = torch.tensor(press_slopes(cfg.n_heads, float(getattr(cfg, "alibi_bias_max", 8.0))),
                             dtype=torch.float64)
     style = str(getattr(cfg, "alibi_style", "") or "").lower()
@@ -116,4 +110,4 @@ def alibi_slopes(model, *, seed: int = 0, max_examples: int | None = None,
         rows, n = example
         return f"tokens={[[t] * n for t in rows]}"
 
-    return search(NAME, TOLERANCE, strategy, measure, describe, seed=seed, max_examples=max_examples)
+    return Plan(strategy, measure, describe)

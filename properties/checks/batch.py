@@ -6,19 +6,17 @@ between the batched run and each row run alone (``_common.LOGIT_RTOL``).
 
 from __future__ import annotations
 
-from harness.adapters.protocol import check_protocol, forward_capture
-from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
-from properties.search import PropertyResult, search
+from harness.adapters.protocol import forward_capture
+from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.registry import Case, Plan, model_property
 from properties.strategies import token_batches
 
-NAME = "batch_independence"
 
-
-def batch_independence(model, *, seed: int = 0, max_examples: int | None = None,
-                       observed: set[str] | None = None) -> PropertyResult:
+@model_property(name="batch_independence", order=70, tolerance=LOGIT_RTOL,
+                rule=LOGIT_RULE)
+def batch_independence(case: Case) -> Plan:
     """``f(x)[i] == f(x[i:i+1])[0]`` for every row i of a batch of 2-3 sequences."""
-    check_protocol(model, hooks=False)
-    cfg = model.cfg
+    model, cfg = case.model, case.cfg
 
     def measure(x):
         batched, _ = forward_capture(model, x)
@@ -31,5 +29,4 @@ def batch_independence(model, *, seed: int = 0, max_examples: int | None = None,
         return worst, where
 
     strategy = token_batches(cfg.d_vocab, min_batch=2, max_batch=3, max_len=max_len(cfg))
-    return search(NAME, LOGIT_RTOL, strategy, measure, lambda x: f"tokens={x.tolist()}",
-                  seed=seed, max_examples=max_examples)
+    return Plan(strategy, measure)

@@ -19,12 +19,10 @@ import torch
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import forward_capture
-from properties.checks._common import max_len, prepare
-from properties.search import PropertyResult, search
+from properties.checks._common import max_len
+from properties.registry import Case, Plan, model_property
+from properties.search import masked_text
 from properties.strategies import padded_batches, token_batches
-
-NAME = "finite_outputs"
-TOLERANCE = 0.0
 
 
 def _bad(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -35,13 +33,14 @@ def _bad(name: str, t: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(t)
 
 
-def finite_outputs(model, *, seed: int = 0, max_examples: int | None = None,
-                   observed: set[str] | None = None) -> PropertyResult:
+@model_property(name="finite_outputs", order=170, tolerance=0.0,
+                rule="exact: the number of non-finite entries (-inf allowed only in hook_attn_scores)",
+                needs_doc="every hook that fires (none required)")
+def finite_outputs(case: Case) -> Plan:
     """Logits and every hooked activation are finite, padded rows (even all-masked queries) included."""
-    observed = prepare(model, observed)
-    cfg = model.cfg
+    model, cfg = case.model, case.cfg
     # the hooks that fire on this model (an opt-in point nobody calls is not one of its activations)
-    names = [nm for nm in model.hook_dict if nm in observed]
+    names = [nm for nm in model.hook_dict if nm in case.observed]
     n = max_len(cfg)
     inputs = [token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))]
     if n >= 2:
@@ -65,8 +64,4 @@ def finite_outputs(model, *, seed: int = 0, max_examples: int | None = None,
             total += count
         return float(total), (where if total == 0 else f"{total} non-finite values; {where}")
 
-    def describe(example):
-        x, mask = example
-        return f"tokens={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
-
-    return search(NAME, TOLERANCE, strategy, measure, describe, seed=seed, max_examples=max_examples)
+    return Plan(strategy, measure, masked_text)

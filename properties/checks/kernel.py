@@ -18,29 +18,25 @@ import torch
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import all_heads, forward_capture
-from properties.checks._common import fmt, hook_gap, max_len, prepare
-from properties.checks._design import model_dtype, windows
-from properties.search import PropertyResult, search
+from properties.checks._common import fmt, max_len, where_max
+from properties.design import model_dtype, windows
+from properties.registry import Case, Plan, model_property
+from properties.search import masked_text
 from properties.strategies import padded_batches, token_batches
-
-NAME = "kernel_consistency"
 
 
 def tolerance_for(dtype: torch.dtype) -> float:
     return max(1e-4, 16 * torch.finfo(dtype).eps)
 
 
-def kernel_consistency(model, *, seed: int = 0, max_examples: int | None = None,
-                       observed: set[str] | None = None) -> PropertyResult:
+@model_property(name="kernel_consistency", order=150, tolerance=lambda model: tolerance_for(model_dtype(model)),
+                rule="max(1e-4, 16 eps of the model's dtype) of max(1, max|v|): two float32 evaluations of a "
+                     "<= 24-term weighted sum differ by ~n * 2^-24",
+                needs=("blocks.{layer}.attn.hook_pattern", "blocks.{layer}.attn.hook_v", "blocks.{layer}.attn.hook_z"))
+def kernel_consistency(case: Case) -> Plan:
     """``hook_z`` (the configured kernel's output) equals ``hook_pattern`` . ``hook_v`` at every real query."""
-    observed = prepare(model, observed)
-    cfg = model.cfg
-    tol = tolerance_for(model_dtype(model))
-    names = {layer: [f"blocks.{layer}.attn.{h}" for h in ("hook_pattern", "hook_v", "hook_z")]
-             for layer in range(cfg.n_layers)}
-    gap = hook_gap(model, [n for v in names.values() for n in v], observed)
-    if gap:
-        return PropertyResult.unobservable(NAME, tol, gap)
+    model, cfg = case.model, case.cfg
+    names = {layer: list(case.hooks[3 * layer: 3 * layer + 3]) for layer in range(cfg.n_layers)}
     window = min((w for w in windows(cfg) if w is not None), default=None)
     n = max_len(cfg, cap=max(8, (window or 0) + 3))  # past the smallest window, so its edge is exercised
     inputs = [token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))]
@@ -64,13 +60,9 @@ def kernel_consistency(model, *, seed: int = 0, max_examples: int | None = None,
             err = err.where(real[:, :, None], err.new_zeros(()))
             if float(err.max()) > worst:
                 worst = float(err.max())
-                b, i, h = (int(t) for t in (err == err.max()).nonzero()[0])
+                b, i, h = where_max(err)
                 where = (f"layer {layer} head {h} query {i} (row {b}): kernel output differs from pattern . V by "
                          f"{fmt(worst)} (|v| up to {fmt(scale)})")
         return worst, where
 
-    def describe(example):
-        x, mask = example
-        return f"tokens={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
-
-    return search(NAME, tol, strategy, measure, describe, seed=seed, max_examples=max_examples)
+    return Plan(strategy, measure, masked_text)

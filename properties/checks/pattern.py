@@ -10,24 +10,21 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import check_protocol, forward_capture
-from properties.checks._common import fmt, hook_gap, max_len, prepare
-from properties.search import PropertyResult, search
+from harness.adapters.protocol import forward_capture
+from properties.checks._common import fmt, max_len, where_max
+from properties.registry import Case, Plan, model_property
+from properties.search import masked_text
 from properties.strategies import padded_batches, token_batches
 
-NAME = "pattern_distribution"
 TOLERANCE = 1e-5
 
 
-def pattern_distribution(model, *, seed: int = 0, max_examples: int | None = None,
-                         observed: set[str] | None = None) -> PropertyResult:
+@model_property(name="pattern_distribution", order=40, tolerance=TOLERANCE,
+                rule="a float32 softmax row of n <= 16 weights sums to 1 within n * 2^-24 ~ 1e-6",
+                needs=("blocks.{layer}.attn.hook_pattern",))
+def pattern_distribution(case: Case) -> Plan:
     """Every real query's ``hook_pattern`` row is non-negative and sums to 1, with or without padding."""
-    check_protocol(model, hooks=False)
-    cfg = model.cfg
-    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
-    gap = hook_gap(model, names, prepare(model, observed))
-    if gap:
-        return PropertyResult.unobservable(NAME, TOLERANCE, gap)
+    model, cfg, names = case.model, case.cfg, list(case.hooks)
     n = max_len(cfg)
     unpadded = token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))
     strategies = [unpadded]
@@ -49,13 +46,9 @@ def pattern_distribution(model, *, seed: int = 0, max_examples: int | None = Non
             err = err.where(real[:, None, :], err.new_zeros(()))  # padded queries are exempt
             if float(err.max()) > worst:
                 worst = float(err.max())
-                b, h, q = (int(i) for i in (err == err.max()).nonzero()[0])
+                b, h, q = where_max(err)
                 where = (f"layer {layer} head {h} query {q} (row {b}): row sums to {fmt(float(p[b, h, q].sum()))}, "
                          f"min weight {fmt(float(p[b, h, q].min()))}")
         return worst, where
 
-    def describe(example):
-        x, mask = example
-        return f"tokens={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
-
-    return search(NAME, TOLERANCE, strategy, measure, describe, seed=seed, max_examples=max_examples)
+    return Plan(strategy, measure, masked_text)

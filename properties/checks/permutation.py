@@ -10,21 +10,18 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import check_protocol, forward_capture
-from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
-from properties.search import PropertyResult, search
+from harness.adapters.protocol import forward_capture
+from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import permutations, token_batches
 
-NAME = "permutation_equivariance"
 
-
-def permutation_equivariance(model, *, seed: int = 0, max_examples: int | None = None,
-                             observed: set[str] | None = None) -> PropertyResult:
+@model_property(name="permutation_equivariance", order=10, tolerance=LOGIT_RTOL,
+                rule=LOGIT_RULE,
+                applies=Applies(positional=("none",), attention=("bidirectional",), min_ctx=2))
+def permutation_equivariance(case: Case) -> Plan:
     """``f(x[:, pi]) == f(x)[:, pi]`` for models with no positional embedding and bidirectional attention."""
-    check_protocol(model, hooks=False)
-    cfg = model.cfg
-    if cfg.positional_embedding_type != "none" or cfg.attention_dir != "bidirectional" or cfg.n_ctx < 2:
-        return PropertyResult.not_applicable(NAME, LOGIT_RTOL)
+    model, cfg = case.model, case.cfg
     tokens = token_batches(cfg.d_vocab, max_batch=2, min_len=2, max_len=max_len(cfg))
     strategy = tokens.flatmap(lambda x: st.tuples(st.just(x), permutations(x.shape[1])))
 
@@ -39,4 +36,4 @@ def permutation_equivariance(model, *, seed: int = 0, max_examples: int | None =
         x, perm = example
         return f"tokens={x.tolist()} perm={perm.tolist()}"
 
-    return search(NAME, LOGIT_RTOL, strategy, measure, describe, seed=seed, max_examples=max_examples)
+    return Plan(strategy, measure, describe)

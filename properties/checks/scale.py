@@ -19,17 +19,18 @@ The row's reason reports the scale measured by least squares against 1/sqrt(d_he
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import all_heads, check_protocol, forward_capture
-from properties.checks import design
-from properties.checks._common import fmt, hook_gap, max_len, prepare
-from properties.search import PropertyResult, search
+from harness.adapters.protocol import all_heads, forward_capture
+from properties import design
+from properties.checks._common import fmt, max_len, where_max
+from properties.registry import Case, Plan, model_property
+from properties.search import offset_text
 from properties.strategies import position_offsets, token_batches
 
-NAME = "attention_scale"
 TOLERANCE = 1e-4
 MASK_CEILING = -1e4
 MAX_OFFSET = 64
@@ -51,17 +52,22 @@ def _alibi(cfg, n: int, offset: int) -> tuple[torch.Tensor, bool]:
     return -slopes[:, None, None] * (idx[:, None] - idx[None, :]).abs(), False
 
 
-def attention_scale(model, *, seed: int = 0, max_examples: int | None = None,
-                    observed: set[str] | None = None) -> PropertyResult:
+def _hooks(cfg: Any) -> tuple[str, ...]:
+    """q and k as the scores see them (after RoPE for rotary models) and the scores, layer by layer."""
+    qn, kn = ("hook_rot_q", "hook_rot_k") if cfg.positional_embedding_type == "rotary" else ("hook_q", "hook_k")
+    return tuple(f"blocks.{layer}.attn.{h}" for layer in range(cfg.n_layers) for h in (qn, kn, "hook_attn_scores"))
+
+
+@model_property(name="attention_scale", order=80, tolerance=TOLERANCE,
+                rule="relative to max(1, max|s * q.k|, max|bias|): the two float32 dot products differ by "
+                     "summation order, ~d_head * 2^-24; masked scores must be <= -1e4",
+                needs=_hooks, needs_doc="blocks.{layer}.attn.hook_q, hook_k (hook_rot_q, hook_rot_k if rotary), "
+                                        "hook_attn_scores")
+def attention_scale(case: Case) -> Plan:
     """``hook_attn_scores`` is the declared cap(scale * q.k) plus the mask plus the declared ALiBi bias."""
-    check_protocol(model, hooks=False)
-    cfg = model.cfg
+    model, cfg = case.model, case.cfg
     pos_type = cfg.positional_embedding_type
-    qn, kn = ("hook_rot_q", "hook_rot_k") if pos_type == "rotary" else ("hook_q", "hook_k")
-    names = {layer: [f"blocks.{layer}.attn.{h}" for h in (qn, kn, "hook_attn_scores")] for layer in range(cfg.n_layers)}
-    gap = hook_gap(model, [n for v in names.values() for n in v], prepare(model, observed))
-    if gap:
-        return PropertyResult.unobservable(NAME, TOLERANCE, gap)
+    names = {layer: list(case.hooks[3 * layer: 3 * layer + 3]) for layer in range(cfg.n_layers)}
     scales = [design.attn_scale(cfg, layer) for layer in range(cfg.n_layers)]
     cap = design.softcap(cfg)
     if pos_type == "alibi":
@@ -104,7 +110,7 @@ def attention_scale(model, *, seed: int = 0, max_examples: int | None = None,
             err = (resid.abs() / scale).where(allowed, resid.new_zeros(())).nan_to_num(nan=math.inf)
             if float(err.max()) > worst:
                 worst = float(err.max())
-                b, h, i, j = (int(t) for t in (err == err.max()).nonzero()[0])
+                b, h, i, j = where_max(err)
                 where = (f"layer {layer} head {h} (q {i}, k {j}, row {b}): score {fmt(float(scores[b, h, i, j]))}, "
                          f"expected {fmt(float(expected[b, h, i, j] + bias[h, i, j]))} "
                          f"(q.k * {fmt(scales[layer])}" + (f", soft-cap {fmt(cap)}" if cap is not None else "")
@@ -114,14 +120,10 @@ def attention_scale(model, *, seed: int = 0, max_examples: int | None = None,
             excess = float(masked.max()) - MASK_CEILING
             if excess > worst:
                 worst = excess
-                b, h, i, j = (int(t) for t in (masked == masked.max()).nonzero()[0])
+                b, h, i, j = where_max(masked)
                 where = (f"layer {layer} head {h}: masked score (q {i}, k {j}, row {b}) is "
                          f"{fmt(float(scores[b, h, i, j]))}, expected <= {MASK_CEILING:g}")
         return worst, where
-
-    def describe(example):
-        x, offset = example
-        return f"tokens={x.tolist()} position_offset={offset}"
 
     def info() -> str:
         textbook = 1.0 / math.sqrt(cfg.d_head)
@@ -136,7 +138,7 @@ def attention_scale(model, *, seed: int = 0, max_examples: int | None = None,
             parts.append(f"ALiBi {design.alibi_design(cfg)[1]}")
         return "; ".join(parts)
 
-    return search(NAME, TOLERANCE, strategy(), measure, describe, seed=seed, max_examples=max_examples, info=info)
+    return Plan(strategy(), measure, offset_text, info)
 
 
 def _per_layer_text(values: list[float]) -> str:

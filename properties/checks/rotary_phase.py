@@ -20,16 +20,18 @@ and the bfloat16/float16 cast add a few u_dtype. Deviation: the error over the a
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import torch
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import forward_capture
-from properties.checks._common import fmt, hook_gap, max_len, prepare
-from properties.checks._design import rotary_design, unit_roundoff
-from properties.search import PropertyResult, search
+from properties.checks._common import fmt, max_len, where_max
+from properties.design import rotary_design, unit_roundoff
+from properties.registry import Applies, Case, Plan, model_property
+from properties.search import offset_text
 from properties.strategies import token_batches
 
-NAME = "rotary_precision"
 TOLERANCE = 1.0
 U32 = unit_roundoff(torch.float32)
 
@@ -49,22 +51,22 @@ def rotate(x: torch.Tensor, p: int, dim: int, style: str, base: float) -> torch.
     return torch.cat((turned, rest), -1)
 
 
-def rotary_precision(model, *, seed: int = 0, max_examples: int | None = None,
-                     observed: set[str] | None = None) -> PropertyResult:
+def _default_rope(model: Any) -> Optional[str]:
+    # scaled RoPE variants (linear, dynamic, YaRN, ...) have their own angles
+    return None if getattr(model.cfg, "rope_type", None) in (None, "default") else ""
+
+
+@model_property(name="rotary_precision", order=160, tolerance=TOLERANCE,
+                rule="the error over its allowance 16 u_dtype + 32 (p + n) u_32 of |rot_q| (u: unit roundoff)",
+                applies=Applies(positional=("rotary",), min_ctx=2, when=_default_rope,
+                                when_doc="unscaled RoPE (cfg.rope_type None or default)"),
+                needs=("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"),
+                # an adapter that could not read the layout or base: no reference to compare with
+                declares=("rotary_style", "rotary_base"))
+def rotary_precision(case: Case) -> Plan:
     """Layer-0 ``hook_rot_q``/``hook_rot_k`` at offset p equal a float64 rotation by p of offset 0's."""
-    observed = prepare(model, observed)
-    cfg = model.cfg
-    if cfg.positional_embedding_type != "rotary" or cfg.n_ctx < 2 or \
-            getattr(cfg, "rope_type", None) not in (None, "default"):
-        return PropertyResult.not_applicable(NAME, TOLERANCE)  # scaled RoPE variants have their own angles
-    undeclared = [f for f in ("rotary_style", "rotary_base") if hasattr(cfg, f) and getattr(cfg, f) is None]
-    if undeclared:  # an adapter that could not read the layout or base: no reference to compare with
-        return PropertyResult.unobservable(NAME, TOLERANCE, f"the model does not declare cfg.{undeclared[0]}")
+    model, cfg, names = case.model, case.cfg, list(case.hooks)
     dim, style, base = rotary_design(cfg)
-    names = ["blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"]
-    gap = hook_gap(model, names, observed)
-    if gap:
-        return PropertyResult.unobservable(NAME, TOLERANCE, gap)
     n_max = max_len(cfg, cap=4)
 
     @st.composite
@@ -88,7 +90,7 @@ def rotary_precision(model, *, seed: int = 0, max_examples: int | None = None,
             err = ((rp - ref).norm(dim=-1) / r0.norm(dim=-1).clamp(min=1e-30)) / allow
             if float(err.max()) > worst:
                 worst = float(err.max())
-                b, i, h = (int(t) for t in (err == err.max()).nonzero()[0])
+                b, i, h = where_max(err)
                 where = (f"layer 0 {nm.split('.')[-1]} head {h} position {offset + i} (row {b}): relative error "
                          f"{fmt(worst * allow)} vs a float64 rotation, allowed {fmt(allow)} in {dtype}")
         q0, k0 = at0[names[0]].double(), at0[names[1]].double()
@@ -100,13 +102,9 @@ def rotary_precision(model, *, seed: int = 0, max_examples: int | None = None,
         rel = ((sp - s0).abs() / size) / (2 * allow)
         if float(rel.max()) > worst:
             worst = float(rel.max())
-            b, h, i, j = (int(t) for t in (rel == rel.max()).nonzero()[0])
+            b, h, i, j = where_max(rel)
             where = (f"layer 0 head {h} (row {b}): score <rot_q {i}, rot_k {j}> changes by "
                      f"{fmt(worst * 2 * allow)} of |q||k| between offset 0 and {offset} (allowed {fmt(2 * allow)})")
         return worst, where
 
-    def describe(example):
-        x, offset = example
-        return f"tokens={x.tolist()} position_offset={offset}"
-
-    return search(NAME, TOLERANCE, strategy(), measure, describe, seed=seed, max_examples=max_examples)
+    return Plan(strategy(), measure, offset_text)

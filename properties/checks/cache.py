@@ -18,23 +18,16 @@ logit difference (``_common.LOGIT_RTOL``). Needs only the model's outputs, no ho
 from __future__ import annotations
 
 import inspect
+from typing import Any, Optional
 
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import (
-    CACHED_DECODING,
-    call_model,
-    check_protocol,
-    forward_capture,
-    has_cached_decoding,
-    model_device,
-)
-from properties.checks._common import LOGIT_RTOL, fmt, max_len, scaled_deviation
-from properties.search import PropertyResult, search
+from harness.adapters.protocol import CACHED_DECODING, call_model, forward_capture, has_cached_decoding, model_device
+from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import padded_batches, token_batches
 
-NAME = "kv_cache"
 GENERATE_ARGS = ("max_new_tokens", "temperature", "attention_mask", "return_logits")
 MAX_NEW = 4
 MAX_CHUNK = 2
@@ -64,23 +57,27 @@ def _describe_prompt(x, mask) -> str:
     return f"prompt={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
 
 
-def kv_cache(model, *, seed: int = 0, max_examples: int | None = None,
-             observed: set[str] | None = None) -> PropertyResult:
+def _decodes(model: Any) -> Optional[str]:
+    if has_cached_decoding(model) or has_cache_interface(model):
+        return None
+    return f"no {CACHED_DECODING} or generate method"
+
+
+@model_property(name="kv_cache", order=120, tolerance=LOGIT_RTOL,
+                rule=LOGIT_RULE,
+                applies=Applies(attention=("causal",), min_ctx=2, reason="attention_dir={cfg.attention_dir!r}",
+                                when=_decodes, when_doc=f"has {CACHED_DECODING} or generate"))
+def kv_cache(case: Case) -> Plan:
     """Cached decoding (``forward_with_cache``, else greedy ``generate``) equals a full forward pass."""
-    check_protocol(model, hooks=False)
-    cfg = model.cfg
-    if cfg.attention_dir != "causal" or cfg.n_ctx < 2:
-        return PropertyResult.not_applicable(NAME, LOGIT_RTOL, f"attention_dir={cfg.attention_dir!r}")
+    model, cfg = case.model, case.cfg
     new_max = min(MAX_NEW, cfg.n_ctx - 1)
     n = max(1, min(max_len(cfg), cfg.n_ctx - new_max))  # prompt tokens + new tokens fit the context
     if has_cached_decoding(model):
-        return _through_cache(model, cfg, n, new_max, seed, max_examples)
-    if has_cache_interface(model):
-        return _through_generate(model, cfg, n, new_max, seed, max_examples)
-    return PropertyResult.not_applicable(NAME, LOGIT_RTOL, f"no {CACHED_DECODING} or generate method")
+        return _through_cache(model, cfg, n, new_max)
+    return _through_generate(model, cfg, n, new_max)
 
 
-def _through_cache(model, cfg, n: int, new_max: int, seed: int, max_examples: int | None) -> PropertyResult:
+def _through_cache(model, cfg, n: int, new_max: int) -> Plan:
     @st.composite
     def strategy(draw):
         x, mask = draw(_prompts(cfg, n))
@@ -118,11 +115,10 @@ def _through_cache(model, cfg, n: int, new_max: int, seed: int, max_examples: in
         x, mask, chunks = example
         return _describe_prompt(x, mask) + f" then chunks={chunks}"
 
-    return search(NAME, LOGIT_RTOL, strategy(), measure, describe, seed=seed, max_examples=max_examples,
-                  info=lambda: f"decoded through {CACHED_DECODING}")
+    return Plan(strategy(), measure, describe, info=lambda: f"decoded through {CACHED_DECODING}")
 
 
-def _through_generate(model, cfg, n: int, new_max: int, seed: int, max_examples: int | None) -> PropertyResult:
+def _through_generate(model, cfg, n: int, new_max: int) -> Plan:
     strategy = st.tuples(_prompts(cfg, n), st.integers(1, new_max))
     kwargs = {"use_cache": True} if "use_cache" in inspect.signature(model.generate).parameters else {}
 
@@ -144,5 +140,4 @@ def _through_generate(model, cfg, n: int, new_max: int, seed: int, max_examples:
         (x, mask), n_new = example
         return _describe_prompt(x, mask) + f" new tokens={n_new}"
 
-    return search(NAME, LOGIT_RTOL, strategy, measure, describe, seed=seed, max_examples=max_examples,
-                  info=lambda: "decoded through generate (greedy)")
+    return Plan(strategy, measure, describe, info=lambda: "decoded through generate (greedy)")

@@ -17,16 +17,16 @@ is counted in sequence indices, and with padding a model may count pads or not.
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import torch
 
 from harness.adapters.protocol import forward_capture
-from properties.checks._common import MAX_LEN, fmt, hook_gap, prepare
-from properties.checks._design import windows
-from properties.search import PropertyResult, search
+from properties.checks._common import MAX_LEN, fmt, where_max
+from properties.design import windows
+from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import token_batches
 
-NAME = "sliding_window"
-TOLERANCE = 0.0
 MAX_WINDOW_LEN = 24  # long enough to leave the smallest window by a few keys, short enough for milliseconds
 
 
@@ -39,19 +39,22 @@ def admitted(n: int, window: int, causal: bool) -> torch.Tensor:
     return (i - j).abs() <= window
 
 
-def sliding_window(model, *, seed: int = 0, max_examples: int | None = None,
-                   observed: set[str] | None = None) -> PropertyResult:
+def _windowed(model: Any) -> Optional[str]:
+    return None if any(w is not None for w in windows(model.cfg)) else ""
+
+
+@model_property(name="sliding_window", order=130, tolerance=0.0,
+                rule="exact: a key outside the window with positive weight counts its weight, an admitted key "
+                     "with weight exactly 0 counts 1",
+                applies=Applies(min_ctx=2, when=_windowed, when_doc="a layer declares cfg.sliding_window"),
+                needs=lambda cfg: tuple(f"blocks.{layer}.attn.hook_pattern"
+                                        for layer, w in enumerate(windows(cfg)) if w is not None),
+                needs_doc="blocks.{layer}.attn.hook_pattern of every windowed layer")
+def sliding_window(case: Case) -> Plan:
     """Every query of a windowed layer puts positive weight on exactly the keys its window admits."""
-    observed = prepare(model, observed)
-    cfg = model.cfg
-    per_layer = windows(cfg)
-    layers = [(layer, w) for layer, w in enumerate(per_layer) if w is not None]
-    if not layers or cfg.n_ctx < 2:
-        return PropertyResult.not_applicable(NAME, TOLERANCE)
-    names = {layer: f"blocks.{layer}.attn.hook_pattern" for layer, _ in layers}
-    gap = hook_gap(model, list(names.values()), observed)
-    if gap:
-        return PropertyResult.unobservable(NAME, TOLERANCE, gap)
+    model, cfg = case.model, case.cfg
+    layers = [(layer, w) for layer, w in enumerate(windows(cfg)) if w is not None]
+    names = dict(zip((layer for layer, _ in layers), case.hooks, strict=True))
     causal = cfg.attention_dir == "causal"
     # reach past the smallest window by a few keys, so that both edges of the window are seen
     longest = min(cfg.n_ctx, max(MAX_LEN, min(w for _, w in layers) + 3), MAX_WINDOW_LEN)
@@ -73,13 +76,12 @@ def sliding_window(model, *, seed: int = 0, max_examples: int | None = None,
                          f"which the window w={w} admits (expected keys {_span(i, n, w, causal)})")
             if float(leak.max()) > worst:
                 worst = float(leak.max())
-                b, h, i, j = (int(t) for t in (leak == leak.max()).nonzero()[0])
+                b, h, i, j = where_max(leak)
                 where = (f"layer {layer} head {h} (row {b}): query {i} puts weight {fmt(worst)} on key {j} "
                          f"(distance {i - j}), outside the window w={w} (expected keys {_span(i, n, w, causal)})")
         return worst, where
 
-    return search(NAME, TOLERANCE, strategy, measure, lambda x: f"tokens={x.tolist()}",
-                  seed=seed, max_examples=max_examples)
+    return Plan(strategy, measure)
 
 
 def _span(i: int, n: int, w: int, causal: bool) -> str:
