@@ -9,6 +9,7 @@ Every stage writes plain files into the run directory (docs/architecture.md, "Da
     probes/*.csv, *.json      head probes                                         (attnlab probe)
     saturation.csv            softmax saturation sweep                            (attnlab saturation)
     figures/*.png, report.html, report.md                                         (attnlab report)
+    hf/                       the model as Hugging Face save_pretrained output    (attnlab demo)
 
 Writers and readers take every path from :class:`RunDir`, so a file is never named twice.
 What goes *into* each file (a CSV's columns) is owned by the module that writes it.
@@ -75,6 +76,11 @@ class RunDir:
     @property
     def probes(self) -> Path:
         return self.path / "probes"
+
+    @property
+    def hf_export(self) -> Path:
+        """The demo's Hugging Face export (``attnlab export RUN_DIR --out DIR`` writes anywhere)."""
+        return self.path / "hf"
 
     def probe_file(self, name: str) -> Path:
         """``probes/<name>`` (the probe stage owns the names: see :mod:`reports.rundata`)."""

@@ -11,13 +11,16 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Optional
 
 import click
+import matplotlib
 
 from harness.errors import AttnlabError
 from harness.training.tasks import TASKS
+from reports import defaults, external, figures, pipeline
+from reports.defaults import comma
+from reports.heal import heal as run_heal
 from reports.options import (
     BENCH_MODES,
     comma_floats,
@@ -27,15 +30,9 @@ from reports.options import (
     preset_option,
     train_options,
 )
+from reports.render import attnlab_version, pct
 
 EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_BUG = 2, 130, 1
-
-
-def _version() -> str:
-    try:
-        return version("attnlab")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        return "0+unknown"
 
 
 class CliError(click.ClickException):
@@ -80,7 +77,7 @@ class AttnlabGroup(click.Group):
             click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
             raise CliError(f"internal error: {type(exc).__name__}: {exc} -- this is a bug in attnlab, not in your "
                            f"input: please report it with the traceback above and the command you ran "
-                           f"(attnlab {_version()})", EXIT_BUG) from None
+                           f"(attnlab {attnlab_version()})", EXIT_BUG) from None
 
     def main(self, args: Any = None, prog_name: Optional[str] = None, complete_var: Optional[str] = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -106,15 +103,13 @@ class AttnlabGroup(click.Group):
 
 @click.group(name="attnlab", cls=AttnlabGroup,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(_version(), prog_name="attnlab")
+@click.version_option(attnlab_version(), prog_name="attnlab")
 def cli() -> None:
     """attnlab: train, check, probe and report on small Transformers.
 
     Start with `attnlab demo`: it trains the default induction model, checks it, probes its heads,
     runs the softmax-saturation sweep and writes an HTML report, printing each stage's time.
     """
-    import matplotlib
-
     matplotlib.use("Agg")  # headless: figures are only ever written to files
 
 
@@ -158,8 +153,6 @@ def train(run_dir: str, preset_name: Optional[str], resume: bool, overwrite: boo
     the demo configuration, harness.demo_configs()), so `attnlab train --out run` trains the demo
     model and `attnlab train --out run --preset text` the byte-level text model.
     """
-    from reports import pipeline
-
     model_cfg, train_cfg = model_and_train_configs(fields, preset_name)
     metrics = pipeline.train(model_cfg, train_cfg, run_dir, resume=resume, overwrite=overwrite,
                              stop_after=stop_after, progress=progress)
@@ -170,9 +163,9 @@ def train(run_dir: str, preset_name: Optional[str], resume: bool, overwrite: boo
 
 @cli.command(short_help="Property suite -> RUN_DIR/properties.csv.")
 @_external_opts
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0), default=defaults.SEED, show_default=True,
               help="Seed of the searches (and of --hf config.json random weights).")
-@click.option("--max-examples", type=click.IntRange(min=1), default=25, show_default=True,
+@click.option("--max-examples", type=click.IntRange(min=1), default=defaults.MAX_EXAMPLES, show_default=True,
               help="Hypothesis examples per property.")
 @_progress_opt
 def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out: Optional[str], seed: int,
@@ -182,8 +175,6 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
     With --hf PATH or --model MODULE:CALLABLE it checks that model instead and writes
     properties.csv and model.json into --out RUN_DIR (`attnlab report RUN_DIR` renders it).
     """
-    from reports import external, pipeline
-
     run_dir, ext = external.resolve(run_dir, out, hf, factory, seed)
     if ext is not None:
         external.save(run_dir, ext)
@@ -207,14 +198,15 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
               help="--hf/--model: probe on this harness task's tokens, at the model's vocab and n_ctx.")
 @click.option("--text", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="--hf: probe on this text file, tokenized by the tokenizer saved in PATH.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0), default=defaults.SEED, show_default=True,
               help="Seed of --hf config.json random weights and of the --task batch.")
-@click.option("--sequences", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--sequences", type=click.IntRange(min=1), default=defaults.PROBE_SEQUENCES, show_default=True,
               help="Validation sequences of the run's task to probe with.")
-@click.option("--seeds", type=comma_ints, default="0,1,2", show_default=True, help="Seeds of the random prune orders.")
-@click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
+@click.option("--seeds", type=comma_ints, default=comma(defaults.SEEDS), show_default=True,
+              help="Seeds of the random prune orders.")
+@click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=defaults.TOLERANCE,
               show_default=True, help="Relative loss rise allowed when counting prunable heads.")
-@click.option("--top-k", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--top-k", type=click.IntRange(min=1), default=defaults.TOP_K_PATTERNS, show_default=True,
               help="Most important heads whose attention patterns are saved.")
 @_progress_opt
 def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out: Optional[str],
@@ -225,8 +217,6 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
     With --hf PATH or --model MODULE:CALLABLE it probes that model instead, on --task NAME tokens
     or (--hf with a saved tokenizer) --text FILE, writing into --out RUN_DIR.
     """
-    from reports import external, pipeline
-
     if (hf is None and factory is None) and (task is not None or text_file is not None):
         raise CliError("error: --task/--text are for --hf/--model; a trained run is probed on its own task")
     if (hf is not None or factory is not None) and (task is None) == (text_file is None):
@@ -246,16 +236,14 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
 
 
 @cli.command(short_help="Softmax-saturation sweep -> CSV + figure.")
-@click.option("--out", "out_dir", default="saturation", show_default=True, type=click.Path(path_type=str),
+@click.option("--out", "out_dir", default=defaults.SATURATION_OUT, show_default=True, type=click.Path(path_type=str),
               help="Folder for saturation.csv and figures/saturation.png (a run directory puts it in its report).")
-@click.option("--d-heads", type=comma_ints, default="8,16,32,64,128,256,512", show_default=True,
+@click.option("--d-heads", type=comma_ints, default=comma(defaults.SATURATION_D_HEADS), show_default=True,
               help="Head widths to sweep.")
-@click.option("--seeds", type=comma_ints, default="0,1,2", show_default=True, help="Seeds per width.")
+@click.option("--seeds", type=comma_ints, default=comma(defaults.SEEDS), show_default=True, help="Seeds per width.")
 @_progress_opt
 def saturation(out_dir: str, d_heads: tuple[int, ...], seeds: tuple[int, ...], progress: Optional[bool]) -> None:
     """Softmax saturation against d_head, scaled vs unscaled (Vaswani et al. 2017, section 3.2.1)."""
-    from reports import figures, pipeline
-
     table = pipeline.saturation(out_dir, d_heads=d_heads, seeds=seeds, progress=progress)
     for scaled in (True, False):
         sub = table[table["scaled"] == scaled]
@@ -269,29 +257,27 @@ def saturation(out_dir: str, d_heads: tuple[int, ...], seeds: tuple[int, ...], p
 @_run_dir_arg
 def report(run_dir: str) -> None:
     """Render RUN_DIR/report.html (self-contained), RUN_DIR/report.md and RUN_DIR/figures/*.png."""
-    from reports import pipeline
-
     paths = pipeline.report(run_dir)
     click.echo(f"wrote {paths.html} and {paths.markdown} ({len(paths.figures)} figures)")
 
 
 @cli.command(short_help="Train, check, probe, sweep, report: the whole tour.")
-@click.option("--out", "out_dir", default="attnlab-demo", show_default=True, type=click.Path(path_type=str),
+@click.option("--out", "out_dir", default=defaults.DEMO_OUT, show_default=True, type=click.Path(path_type=str),
               help="Run directory for the demo.")
 @preset_option
 @model_options
 @train_options
 @click.option("--overwrite", is_flag=True, help="Replace a run already in --out.")
-@click.option("--check-examples", type=click.IntRange(min=1), default=25, show_default=True,
+@click.option("--max-examples", type=click.IntRange(min=1), default=defaults.MAX_EXAMPLES, show_default=True,
               help="Hypothesis examples per property.")
-@click.option("--sequences", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--sequences", type=click.IntRange(min=1), default=defaults.PROBE_SEQUENCES, show_default=True,
               help="Validation sequences to probe with.")
-@click.option("--d-heads", type=comma_ints, default="8,16,32,64,128,256,512", show_default=True,
+@click.option("--d-heads", type=comma_ints, default=comma(defaults.SATURATION_D_HEADS), show_default=True,
               help="Head widths of the saturation sweep.")
-@click.option("--seeds", type=comma_ints, default="0,1,2", show_default=True,
+@click.option("--seeds", type=comma_ints, default=comma(defaults.SEEDS), show_default=True,
               help="Seeds of the random prune orders and of the saturation sweep.")
 @_progress_opt
-def demo(out_dir: str, preset_name: Optional[str], overwrite: bool, check_examples: int, sequences: int,
+def demo(out_dir: str, preset_name: Optional[str], overwrite: bool, max_examples: int, sequences: int,
          d_heads: tuple[int, ...], seeds: tuple[int, ...], progress: Optional[bool], **fields: Any) -> None:
     """Train the default induction model, check it, probe it, sweep saturation and write the report.
 
@@ -299,14 +285,11 @@ def demo(out_dir: str, preset_name: Optional[str], overwrite: bool, check_exampl
     override the preset's values (default: the demo configuration, harness.demo_configs()), for a
     quicker or a bigger run.
     """
-    from reports import pipeline
-    from reports.render import pct
-
     model_cfg, train_cfg = model_and_train_configs(fields, preset_name)
     click.echo(f"attnlab demo -> {out_dir}: {model_cfg.n_layers} layers x {model_cfg.n_heads} heads, "
                f"d_model {model_cfg.d_model}, task {train_cfg.task}, {train_cfg.steps} steps")
-    result = pipeline.demo(out_dir, model_cfg, train_cfg, overwrite=overwrite, check_examples=check_examples,
-                           probe_sequences=sequences, d_heads=d_heads, seeds=seeds, progress=progress,
+    result = pipeline.demo(out_dir, model_cfg, train_cfg, overwrite=overwrite, max_examples=max_examples,
+                           sequences=sequences, d_heads=d_heads, seeds=seeds, progress=progress,
                            on_stage=lambda name, s: click.echo(f"  {name:<11}{s:7.1f} s"))
     h = result.headline
     click.echo(f"  {'total':<11}{sum(result.timings.values()):7.1f} s")
@@ -327,55 +310,61 @@ def demo(out_dir: str, preset_name: Optional[str], overwrite: bool, check_exampl
         click.echo(f"  {label:<{width}}{value}")
     click.echo(f"report: {result.report.html}")
     click.echo(f"        {result.report.markdown}")
+    click.echo(f"hf:     {result.export} (transformers.AutoModelForCausalLM.from_pretrained loads it)"
+               if result.export is not None else f"hf:     not exported: {result.export_refused}")
 
 
 @cli.command(short_help="Prune heads, then heal by fine-tuning and distillation.")
 @_run_dir_arg
-@click.option("--prune-fraction", "fractions", type=comma_floats, default="0.25,0.5,0.75", show_default=True,
-              help="Fractions of the heads to prune, least important first (comma-separated).")
-@click.option("--steps", type=click.IntRange(min=1), default=200, show_default=True, help="Healing steps per run.")
-@click.option("--temperature", type=float, default=2.0, show_default=True, help="Distillation temperature T.")
-@click.option("--alpha", type=float, default=0.5, show_default=True,
+@click.option("--prune-fraction", "fractions", type=comma_floats, default=comma(defaults.HEAL_FRACTIONS),
+              show_default=True, help="Fractions of the heads to prune, least important first (comma-separated).")
+@click.option("--steps", type=click.IntRange(min=1), default=defaults.HEAL_STEPS, show_default=True,
+              help="Healing steps per run.")
+@click.option("--temperature", type=float, default=defaults.HEAL_TEMPERATURE, show_default=True,
+              help="Distillation temperature T.")
+@click.option("--alpha", type=float, default=defaults.HEAL_ALPHA, show_default=True,
               help="Weight of the distillation loss (1 = pure distillation, 0 = the labels alone).")
 @click.option("--lr", type=float, default=None, help="Healing peak lr (default: the run's lr x 0.3).")
-@click.option("--seeds", type=comma_ints, default="0", show_default=True,
+@click.option("--seeds", type=comma_ints, default=comma(defaults.HEAL_SEEDS), show_default=True,
               help="Seeds of the random prune orders healed as the baseline.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=str),
-              help="Folder for the healed runs (default RUN_DIR/heal).")
+              help=f"Folder for the healed runs (default RUN_DIR/{defaults.HEAL_DIR}).")
 @_progress_opt
 def heal(run_dir: str, fractions: tuple[float, ...], steps: int, temperature: float, alpha: float,
          lr: Optional[float], seeds: tuple[int, ...], out_dir: Optional[str], progress: Optional[bool]) -> None:
     """Prune heads of a run by its importance order (and random orders), fine-tune and distill each
     pruned model from the run -> healed runs and RUN_DIR/probes/heal.csv (the report's heal section)."""
-    from reports.heal import heal as run_heal
-
     table = run_heal(run_dir, fractions=fractions, steps=steps, temperature=temperature, alpha=alpha, lr=lr,
                      seeds=seeds, out=out_dir, progress=progress)
     shown = table[table["order"] == "importance"].pivot(index="fraction_pruned", columns="stage",
                                                        values=["loss", "accuracy"])
     click.echo(shown.to_string(float_format=lambda v: f"{v:.4f}"))
     click.echo(f"wrote {os.path.join(run_dir, 'probes', 'heal.csv')} and the healed runs in "
-               f"{out_dir or os.path.join(run_dir, 'heal')}")
+               f"{out_dir or os.path.join(run_dir, defaults.HEAL_DIR)}")
 
 
 @cli.command(short_help="Export a run as a Hugging Face model.")
 @_run_dir_arg
-@click.option("--hf", "hf_dir", required=True, type=click.Path(path_type=str),
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=str),
               help="Folder for the save_pretrained output (config.json, model.safetensors).")
-def export(run_dir: str, hf_dir: str) -> None:
-    """Write the run's model as GPT2LMHeadModel or LlamaForCausalLM save_pretrained output (safetensors)."""
-    from reports.export import export_hf
+def export(run_dir: str, out_dir: str) -> None:
+    """Write the run's model as GPT2LMHeadModel or LlamaForCausalLM save_pretrained output (safetensors).
 
-    hf = export_hf(run_dir, hf_dir)
-    click.echo(f"wrote {type(hf).__name__} to {hf_dir} (transformers.AutoModelForCausalLM.from_pretrained loads it)")
+    Learned, sinusoidal or no positions export as GPT-2, attention-only models with zero MLPs, and
+    the export computes the run's logits to the bit; rotary exports as Llama.
+    """
+    hf = pipeline.export(run_dir, out_dir)
+    click.echo(f"wrote {type(hf).__name__} to {out_dir} (transformers.AutoModelForCausalLM.from_pretrained loads it)")
 
 
 @cli.command(short_help="Benchmark table for this machine.")
 @click.option("--full", is_flag=True, help="The full sizes (minutes) instead of the short CI sizes.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=defaults.BENCH_DEVICE, show_default=True,
               help="auto: CUDA when available, else CPU.")
 def bench(full: bool, device: str) -> None:
     """Print the side-by-side benchmark table (ratios measured in one run) for this machine."""
+    # imported here, not at the top: a development tool (its peers want the test extra) that only `attnlab bench`
+    # should pay for, and whose absence must not break the other commands
     try:
         from reports.bench.suite import format_table, run_suite
     except ImportError as exc:

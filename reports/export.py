@@ -1,8 +1,9 @@
 """The export stage: a run's model as a Hugging Face checkpoint (``save_pretrained``, safetensors).
 
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads the result offline and computes
-the run's logits (:func:`harness.model.convert.to_hf`: GPT-2 for learned positions, Llama for rotary;
-a design neither reproduces is refused, naming the config field, before anything is written).
+the run's logits (:func:`harness.model.convert.to_hf`: GPT-2 for absolute positions, to the bit,
+attention-only models included; Llama for rotary; a design neither reproduces is refused, naming the
+config field, before anything is written).
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+import harness
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.model.convert import to_hf
+from harness.training.checkpoint import prepare_run_dir
+from reports import rundata
 
 
 def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: Optional[str] = None) -> Any:
     """Write the run's model into ``out_dir`` as ``save_pretrained`` output; returns the HF model."""
-    import harness
-    from harness.model.convert import to_hf
-    from harness.training.checkpoint import prepare_run_dir
-    from reports import rundata
-
     path = rundata.require_run_dir(run_dir)
     if not isinstance(out_dir, (str, os.PathLike)):
         raise AttnlabTypeError(f"out_dir must be a path, got {type(out_dir).__name__}")

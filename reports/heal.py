@@ -28,16 +28,27 @@ from typing import Any, Optional
 import pandas as pd
 import torch
 
+import harness
+import probes
 from harness._checks import check_ints, check_positive_int
 from harness.errors import AttnlabError
+from harness.model.head_mask import apply_head_mask
 from harness.run_dir import RunDir, atomic_write
-from reports import rundata
+from harness.training.checkpoint import prepare_run_dir, read_configs
+from reports import pipeline, rundata
+from reports.defaults import (
+    HEAL_ALPHA,
+    HEAL_DIR,
+    HEAL_FRACTIONS,
+    HEAL_SEEDS,
+    HEAL_STEPS,
+    HEAL_TEMPERATURE,
+    PROBE_SEQUENCES,
+)
 
 HEAL_CSV = rundata.PROBE_FILES["heal"]
 COLUMNS = rundata.COLUMNS["heal"]
 STAGES = ("before", "fine-tuned", "distilled")
-FRACTIONS = (0.25, 0.5, 0.75)
-STEPS = 200
 LR_SCALE = 0.3  # fine-tuning restarts from trained weights: a third of the run's peak lr, so it does not undo them
 
 
@@ -62,8 +73,6 @@ def importance_order(run_dir: Path, model: Any, tokens: torch.Tensor, loss_mask:
     if path.exists():
         frame = rundata.read_csv(path, rundata.COLUMNS["importance"])
     else:
-        import probes
-
         frame = probes.head_importance(model, tokens, loss_mask=loss_mask, method="gradient")
     frame = frame.sort_values(["layer", "head"])
     scores = torch.tensor(frame["importance"].to_numpy(), dtype=torch.float64)
@@ -81,15 +90,14 @@ def _mask(order: torch.Tensor, n_pruned: int, n_layers: int, n_heads: int) -> li
 
 def _evaluate(model: Any, tokens: torch.Tensor, loss_mask: torch.Tensor) -> tuple[float, float]:
     """Loss and accuracy on the probe batch, computed the way the prune curve computes them."""
-    import probes
-
     row = probes.prune_curve(model, tokens, loss_mask=loss_mask, order="random", seeds=(0,), fractions=(0.0,))
     return float(row["loss"].iloc[0]), float(row["accuracy"].iloc[0])
 
 
-def heal(run_dir: str | os.PathLike, *, fractions: Any = FRACTIONS, steps: int = STEPS, temperature: float = 2.0,
-         alpha: float = 0.5, seeds: Sequence[int] = (0,), lr: Optional[float] = None,
-         out: Optional[str | os.PathLike] = None, sequences: int = 64, progress: Optional[bool] = None) -> pd.DataFrame:
+def heal(run_dir: str | os.PathLike, *, fractions: Any = HEAL_FRACTIONS, steps: int = HEAL_STEPS,
+         temperature: float = HEAL_TEMPERATURE, alpha: float = HEAL_ALPHA, seeds: Sequence[int] = HEAL_SEEDS,
+         lr: Optional[float] = None, out: Optional[str | os.PathLike] = None, sequences: int = PROBE_SEQUENCES,
+         progress: Optional[bool] = None) -> pd.DataFrame:
     """Prune ``fractions`` of the heads of the run in ``run_dir``, heal each, write ``probes/heal.csv``.
 
     ``steps``, ``lr`` (default: the run's peak lr times ``LR_SCALE``), ``temperature`` and ``alpha``
@@ -97,11 +105,6 @@ def heal(run_dir: str | os.PathLike, *, fractions: Any = FRACTIONS, steps: int =
     argument, and every healing run's config, is checked before the first run starts; runs already
     under ``out`` from an earlier call are replaced.
     """
-    import harness
-    from harness.model.head_mask import apply_head_mask
-    from harness.training.checkpoint import prepare_run_dir, read_configs
-    from reports import pipeline
-
     path = rundata.require_run_dir(run_dir)
     model_cfg, train_cfg = read_configs(path)
     n_layers, n_heads = model_cfg.n_layers, model_cfg.n_heads
@@ -114,7 +117,7 @@ def heal(run_dir: str | os.PathLike, *, fractions: Any = FRACTIONS, steps: int =
                              lr=train_cfg.lr * LR_SCALE if lr is None else lr)
     kinds = {"fine-tuned": base, "distilled": base.replace(distill_from=str(path), temperature=temperature,
                                                              alpha=alpha)}
-    out_dir = Path(out) if out is not None else path / "heal"
+    out_dir = Path(out) if out is not None else path / HEAL_DIR
     prepare_run_dir(out_dir)
     prepare_run_dir(path)  # heal.csv goes into the run: a read-only disk fails before the training
 

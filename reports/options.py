@@ -18,6 +18,7 @@ from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORM_PLACEMENT
 from harness.training.config import DEVICES, OPTIMIZERS, SCHEDULES
 from harness.training.presets import PRESETS, preset
 from harness.training.tasks import TASKS
+from reports.defaults import PRESET
 
 BENCH_MODES = {False: "short", True: "full"}
 
@@ -224,14 +225,14 @@ def _value(value: Any) -> Any:
 def preset_option(f: Callable) -> Callable:
     """``--preset NAME``: the configs the other options start from (default: the demo's, ``induction``)."""
     return click.option("--preset", "preset_name", default=None, metavar="NAME",
-                        help=f"Named preset to start from: {', '.join(PRESETS)} (default induction; explicit "
+                        help=f"Named preset to start from: {', '.join(PRESETS)} (default {PRESET}; explicit "
                              "options override its values).")(f)
 
 
 def model_and_train_configs(values: dict[str, Any], preset_name: Optional[str] = None) -> tuple[Any, Any]:
     """The preset's configs (the demo's, ``induction``, by default) with every option that was given
     applied; the dataclasses validate. An unknown preset is a ValueError listing the known ones."""
-    base_model, base_train = preset("induction" if preset_name is None else preset_name)
+    base_model, base_train = preset(PRESET if preset_name is None else preset_name)
     model_changes: dict[str, Any] = {}
     for option, field, _kind, _text in MODEL_FIELDS:
         value = values.pop(_param_name(option, "model__"))

@@ -1,4 +1,4 @@
-"""The stages behind the ``attnlab`` commands: train, check, probe, saturation, report, demo.
+"""The stages behind the ``attnlab`` commands: train, check, probe, saturation, report, export, demo.
 
 Each stage reads and writes plain files in a run directory (see :mod:`reports.rundata`), so
 any stage can be re-run alone, from the command line or from Python::
@@ -19,23 +19,35 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
+import harness
+import probes
+import properties
 from harness._checks import check_int, check_ints, check_number, check_positive_int
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.model.convert import check_exportable
 from harness.run_dir import RunDir, atomic_write, atomic_write_json
-from reports import rundata
+from harness.training.checkpoint import prepare_run_dir, read_configs
+from harness.training.tasks import make_task
+from reports import figures, rundata
+from reports.defaults import (
+    MAX_EXAMPLES,
+    PROBE_SEQUENCES,
+    SATURATION_D_HEADS,
+    SEED,
+    SEEDS,
+    TOLERANCE,
+    TOP_K_PATTERNS,
+)
+from reports.export import export_hf
 from reports.render import ReportPaths, render
 
-SATURATION_D_HEADS = (8, 16, 32, 64, 128, 256, 512)
-SEEDS = (0, 1, 2)
-PROBE_SEQUENCES = 64
 PROBE_DATA_SEED = 1234  # the probes' validation batch: fixed, so re-running a probe gives the same numbers
-TOP_K_PATTERNS = 4
 # The importance methods `attnlab probe` runs (names from probes.importance.METHODS, which the report
 # reads back): the measured ones; a method that trains (l0_gates) is for notebooks and is not run here.
 PROBE_METHODS = tuple(m for m in rundata.IMPORTANCE_METHODS if m in ("ablation", "mean_ablation", "gradient"))
-CHECK_EXAMPLES = 25  # hypothesis examples per property: the `ci` profile's budget
 
 
 def _write_csv(df: pd.DataFrame, path: Path, **kw: Any) -> Path:
@@ -51,16 +63,11 @@ def _plain(value: Any) -> Any:
 def train(model_cfg: Any, train_cfg: Any, run_dir: str | os.PathLike, *, resume: bool = False,
           overwrite: bool = False, stop_after: Optional[int] = None, progress: Optional[bool] = None) -> pd.DataFrame:
     """Train a model into ``run_dir`` (checkpoint + metrics.csv); see :func:`harness.train`."""
-    import harness
-
     return harness.train(model_cfg, train_cfg, run_dir, resume=resume, overwrite=overwrite,
                          stop_after=stop_after, progress=progress)
 
 
 def _load(run_dir: str | os.PathLike):
-    import harness
-    from harness.training.checkpoint import prepare_run_dir, read_configs
-
     path = rundata.require_run_dir(run_dir)
     model_cfg, train_cfg = read_configs(path)
     prepare_run_dir(path)  # check and probe write into the run: a read-only or full disk fails before the work
@@ -68,15 +75,13 @@ def _load(run_dir: str | os.PathLike):
 
 
 # --- check ---------------------------------------------------------------------------------------
-def check(run_dir: str | os.PathLike, *, seed: int = 0, max_examples: int = CHECK_EXAMPLES,
+def check(run_dir: str | os.PathLike, *, seed: int = SEED, max_examples: int = MAX_EXAMPLES,
           progress: Optional[bool] = None, model: Any = None) -> pd.DataFrame:
     """Run the property suite on the run's model; writes ``properties.csv`` and returns the table.
 
     ``model`` (one from outside attnlab, behind the protocol: :func:`reports.external.open_model`)
     is checked instead of a trained run's, its results written into ``run_dir``.
     """
-    import properties
-
     check_positive_int("max_examples", max_examples)
     check_int("seed", seed, 0)
     if model is None:
@@ -101,18 +106,12 @@ def _quiet(progress: Optional[bool]) -> Optional[bool]:
 # --- probe ---------------------------------------------------------------------------------------
 def probe_data(model_cfg: Any, train_cfg: Any, sequences: int = PROBE_SEQUENCES):
     """A fixed validation batch of the run's own task: ``(tokens, loss_mask)``."""
-    import torch
-
-    from harness.training.tasks import make_task
-
     task = make_task(train_cfg.task, model_cfg.d_vocab, model_cfg.n_ctx, train_cfg.seq_len, train_cfg.task_options)
     return task.batch(sequences, torch.Generator().manual_seed(PROBE_DATA_SEED), "val")
 
 
 def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int) -> pd.DataFrame:
     """Attention patterns of the ``k`` most important heads on ``tokens[:1]``, long format."""
-    import torch
-
     top = importance.sort_values("importance", ascending=False).head(k).reset_index(drop=True)
     layers = sorted({int(layer) for layer in top["layer"]})
     names = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
@@ -129,15 +128,13 @@ def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int) -> p
 
 
 def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds: Sequence[int] = SEEDS,
-          tolerance: float = rundata.TOLERANCE, top_k: int = TOP_K_PATTERNS,
+          tolerance: float = TOLERANCE, top_k: int = TOP_K_PATTERNS,
           progress: Optional[bool] = None, model: Any = None, data: Any = None) -> dict[str, Any]:
     """Run every head probe on the run's model over a fixed validation batch; writes ``probes/*``.
 
     ``model`` with ``data = (tokens, loss_mask or None)`` probes a model from outside attnlab
     (:mod:`reports.external`) instead of a trained run's, writing into ``run_dir``.
     """
-    import probes
-
     check_positive_int("sequences", sequences)
     check_positive_int("top_k", top_k)
     seeds = check_ints("seeds", seeds, 0)
@@ -182,9 +179,6 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
 def saturation(out_dir: str | os.PathLike, *, d_heads: Sequence[int] = SATURATION_D_HEADS,
                seeds: Sequence[int] = SEEDS, progress: Optional[bool] = None) -> pd.DataFrame:
     """Softmax saturation against d_head, scaled and unscaled; writes ``saturation.csv`` and its figure."""
-    import properties
-    from reports import figures
-
     d_heads = check_ints("d_heads", d_heads, 1)
     seeds = check_ints("seeds", seeds, 0)
     if len(set(d_heads)) < 2:
@@ -211,25 +205,41 @@ def report(run_dir: str | os.PathLike) -> ReportPaths:
     return render(run_dir)
 
 
+def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Any:
+    """The run's model as Hugging Face ``save_pretrained`` output in ``out_dir`` (:func:`reports.export.export_hf`)."""
+    return export_hf(run_dir, out_dir)
+
+
 @dataclass
 class DemoResult:
     run_dir: Path
     report: ReportPaths
     timings: dict[str, float] = field(default_factory=dict)
     headline: dict[str, Any] = field(default_factory=dict)
+    export: Optional[Path] = None  # the Hugging Face export (RUN_DIR/hf), or None when the design has none
+    export_refused: Optional[str] = None  # why not: the config field to_hf names
+
+
+def _export_refusal(model_cfg: Any) -> Optional[str]:
+    """None when the model exports to Hugging Face exactly, else to_hf's reason (the field it names)."""
+    try:
+        check_exportable(model_cfg)
+    except AttnlabError as exc:
+        return str(exc)
+    return None
 
 
 def demo(out_dir: str | os.PathLike, model_cfg: Any = None, train_cfg: Any = None, *, overwrite: bool = False,
-         check_examples: int = CHECK_EXAMPLES, probe_sequences: int = PROBE_SEQUENCES,
+         max_examples: int = MAX_EXAMPLES, sequences: int = PROBE_SEQUENCES,
          d_heads: Sequence[int] = SATURATION_D_HEADS, seeds: Sequence[int] = SEEDS,
          progress: Optional[bool] = None, on_stage: Optional[Callable[[str, float], None]] = None) -> DemoResult:
     """Train the default induction model (``harness.demo_configs()`` unless configs are given), check it,
-    probe it, run the saturation sweep and render the report, timing each stage.
+    probe it, run the saturation sweep, export it as a Hugging Face model (``RUN_DIR/hf``; skipped, with
+    the reason in the result, for a design Hugging Face cannot reproduce) and render the report, timing
+    each stage.
 
     ``on_stage(name, seconds)`` is called as each stage finishes (the CLI prints it).
     """
-    import harness
-
     if not isinstance(out_dir, (str, os.PathLike)):
         raise AttnlabTypeError(f"out_dir must be a path, got {type(out_dir).__name__}")
     out = Path(out_dir)
@@ -240,12 +250,15 @@ def demo(out_dir: str | os.PathLike, model_cfg: Any = None, train_cfg: Any = Non
         default_model, default_train = harness.demo_configs()
         model_cfg = default_model if model_cfg is None else model_cfg
         train_cfg = default_train if train_cfg is None else train_cfg
+    refusal = _export_refusal(model_cfg)  # from the config, before the training
+    hf_dir = RunDir(out).hf_export
     timings: dict[str, float] = {}
     stages: list[tuple[str, Callable[[], Any]]] = [
         ("train", lambda: train(model_cfg, train_cfg, out_dir, overwrite=overwrite, progress=progress)),
-        ("check", lambda: check(out_dir, max_examples=check_examples, progress=progress)),
-        ("probe", lambda: probe(out_dir, sequences=probe_sequences, seeds=seeds, progress=progress)),
+        ("check", lambda: check(out_dir, max_examples=max_examples, progress=progress)),
+        ("probe", lambda: probe(out_dir, sequences=sequences, seeds=seeds, progress=progress)),
         ("saturation", lambda: saturation(out_dir, d_heads=d_heads, seeds=seeds, progress=progress)),
+        *([] if refusal else [("export", lambda: export(out_dir, hf_dir))]),
         ("report", lambda: report(out_dir)),
     ]
     results = {}
@@ -256,4 +269,4 @@ def demo(out_dir: str | os.PathLike, model_cfg: Any = None, train_cfg: Any = Non
         if on_stage is not None:
             on_stage(name, timings[name])
     headline = rundata.headline(rundata.load(out_dir))
-    return DemoResult(Path(out_dir), results["report"], timings, headline)
+    return DemoResult(Path(out_dir), results["report"], timings, headline, None if refusal else hf_dir, refusal)

@@ -16,12 +16,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Optional
 
 import jinja2
 import pandas as pd
 from markupsafe import Markup
+from PIL import Image  # matplotlib's own dependency: reads back the figures' sizes
 
 from harness.run_dir import RunDir, atomic_write_text
 from reports import figures as plots  # not `F`: that reads as torch.nn.functional
@@ -152,8 +154,6 @@ def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]
 
 
 def _make_figures(data: RunData, layout: RunDir) -> list[FigureInfo]:
-    from PIL import Image
-
     layout.figures.mkdir(exist_ok=True)
     out = []
     for key, title, caption, build in _figure_specs(data):
@@ -277,14 +277,17 @@ def source_args(card: Optional[dict[str, Any]]) -> str:
     return f"--model {card.get('factory')} --out "
 
 
+def attnlab_version() -> str:
+    """The installed attnlab's version, or ``0+unknown`` in a source tree that is not installed."""
+    try:
+        return version("attnlab")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
     """Everything the templates show (values raw; the templates escape and format)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        ver = version("attnlab")
-    except PackageNotFoundError:
-        ver = "0+unknown"
+    ver = attnlab_version()
     final = data.metrics.iloc[-1].to_dict() if len(data.metrics) else {}
     last_val = data.metrics.dropna(subset=["val_loss"])
     train_rows = [("steps", int(final.get("step", 0))),

@@ -17,15 +17,19 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
+import torch
 
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.model.transformer import Transformer
 from harness.run_dir import RunDir, read_json
+from harness.training.checkpoint import read_configs
 from harness.training.metrics import CURVES
 from probes.compare import ESTIMATOR_COLUMNS
 from probes.importance import METHODS
 from probes.roles import ROLES
 from properties.saturation import COLUMNS as SATURATION_COLUMNS
 from properties.suite import COLUMNS as PROPERTY_COLUMNS
+from reports.defaults import TOLERANCE  # the headline's prune budget: what `attnlab probe` uses by default
 
 _LAYOUT = RunDir(".")  # file names only; RunDir owns the layout
 PROPERTIES_CSV, SATURATION_CSV, METRICS_CSV = (_LAYOUT.properties_csv.name, _LAYOUT.saturation_csv.name,
@@ -44,7 +48,6 @@ PROBE_FILES = {
     "heal": "heal.csv",  # written by the heal stage (reports.heal)
     "estimators": "estimators.csv",  # probes.compare_estimators
 }
-TOLERANCE = 0.01  # the prune budget of the headline: loss may rise by at most 1% (relative)
 ACCURACY_DROP = 0.01  # the second reading of the prune curve: accuracy may fall by at most 1 point
 INDUCTION_THRESHOLD = 0.5  # induction score above which a head counts as an induction head (Olsson et al. 2022)
 
@@ -160,11 +163,6 @@ def load(run_dir: Any) -> RunData:
 
 
 def _load_trained(path: Path) -> RunData:
-    import torch
-
-    from harness import Transformer
-    from harness.training.checkpoint import read_configs
-
     model_cfg, train_cfg = read_configs(path)
     with torch.device("meta"):  # counting parameters needs shapes, not memory
         params = parameter_counts(Transformer(model_cfg))

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from click.testing import CliRunner
+from transformers import AutoModelForCausalLM
 
+from harness import load_run
 from reports import options
 from reports.cli import cli
 from tests.helpers.cli_run import TINY, copy_run, invoke
@@ -164,19 +167,46 @@ def test_report_writes_html_markdown_and_figures(run):
     assert (run.run_dir / "report.md").stat().st_size > 2_000
 
 
+DEMO_FAST = ["--steps", "10", "--max-examples", "1", "--sequences", "4", "--d-heads", "8,16", "--seeds", "0",
+             "--no-progress"]
+
+
 @pytest.mark.slow  # a second whole pipeline (train -> report) beside the shared tiny run
-def test_demo_prints_stage_times_and_headline(tmp_path):
+def test_demo_prints_stage_times_and_headline_and_exports(tmp_path):
     out_dir = tmp_path / "demo"
-    result = invoke(["demo", "--out", str(out_dir), *TINY, "--steps", "10", "--check-examples", "1",
-                     "--sequences", "4", "--d-heads", "8,16", "--seeds", "0", "--no-progress"])
+    result = invoke(["demo", "--out", str(out_dir), *TINY, *DEMO_FAST])
     assert result.exit_code == 0, result.stdout + result.stderr
+    print(result.stdout)
     lines = result.stdout.splitlines()
-    for stage in ("train", "check", "probe", "saturation", "report", "total"):
+    for stage in ("train", "check", "probe", "saturation", "export", "report", "total"):
         assert any(line.split()[:1] == [stage] and line.rstrip().endswith(" s") for line in lines), (stage, lines)
     for headline in ("final validation accuracy", "properties passed / applicable", "heads prunable within",
                      "induction heads found"):
         assert headline in result.stdout
     assert (out_dir / "report.html").is_file() and str(out_dir / "report.html") in result.stdout
+    # the attention-only demo model is a GPT-2 with zero MLPs: exported, and the export gives its logits
+    hf = AutoModelForCausalLM.from_pretrained(out_dir / "hf").eval()
+    assert f"hf:     {out_dir / 'hf'}" in result.stdout
+    tokens = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(hf(tokens).logits, load_run(out_dir)(tokens))
+
+
+@pytest.mark.slow
+def test_demo_of_a_design_hf_cannot_reproduce_says_why_and_still_finishes(tmp_path):
+    out_dir = tmp_path / "demo"
+    result = invoke(["demo", "--out", str(out_dir), *TINY, "--positional-embedding-type", "alibi", *DEMO_FAST])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert not any(line.split()[:1] == ["export"] for line in result.stdout.splitlines())
+    assert "hf:     not exported: to_hf: positional_embedding_type='alibi' has no" in result.stdout
+    assert not (out_dir / "hf").exists() and (out_dir / "report.html").is_file()
+
+
+def test_demo_has_no_check_examples_option(tmp_path):
+    """One name per meaning: check and demo both say --max-examples; the old spelling is click's usual error."""
+    result = invoke(["demo", "--out", str(tmp_path / "d"), "--check-examples", "1"])
+    assert_one_line_error(result, 2, "No such option '--check-examples'", "Did you mean '--max-examples'")
+    assert not (tmp_path / "d").exists()
 
 
 # --- error paths: one line, exit 2 ---------------------------------------------------------------

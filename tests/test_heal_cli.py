@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
+from transformers import AutoModelForCausalLM
 
 from harness import ModelConfig, TrainConfig, load_run, train
 from harness.model.head_mask import head_mask_of
@@ -81,22 +82,37 @@ def test_heal_of_a_missing_run_is_one_line(tmp_path):
 
 def test_export_loads_with_auto_model_offline_and_gives_the_same_logits(run, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = invoke(["export", run, "--hf", tmp_path / "hf"])
+    result = invoke(["export", run, "--out", tmp_path / "hf"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "hf" / "model.safetensors").exists()
-    from transformers import AutoModelForCausalLM
-
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "GPT2LMHeadModel"
     tokens = torch.randint(0, MODEL.d_vocab, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         err = (hf(tokens).logits - load_run(run)(tokens)).abs().max().item()
-    print(f"export: max |AutoModelForCausalLM(OUT_DIR) - ours| = {err:.2e}")
-    assert err < 1e-4  # float32, as tests/test_export.py argues
+    print(f"export: max |AutoModelForCausalLM(OUT_DIR) - ours| = {err}")
+    assert err == 0.0  # the same kernels on both sides: tests/test_export.py
+
+
+def test_export_of_an_attention_only_run_is_exact(tmp_path):
+    path = tmp_path / "attn-only"
+    train(MODEL.replace(attn_only=True), CFG.replace(steps=2), path, progress=False)
+    assert invoke(["export", path, "--out", tmp_path / "hf"]).exit_code == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(0, MODEL.d_vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(hf(tokens).logits, load_run(path)(tokens))
 
 
 def test_export_of_an_unmappable_design_names_the_field(tmp_path):
     path = tmp_path / "alibi"
     train(MODEL.replace(positional_embedding_type="alibi"), CFG.replace(steps=1), path, progress=False)
-    one_line_error(invoke(["export", path, "--hf", tmp_path / "hf"]), "positional_embedding_type='alibi'")
+    one_line_error(invoke(["export", path, "--out", tmp_path / "hf"]), "positional_embedding_type='alibi'")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_export_has_no_hf_option(run, tmp_path):
+    """--hf names an input model everywhere (check, probe); export's folder is --out. No silent alias."""
+    result = invoke(["export", run, "--hf", tmp_path / "hf"])
+    assert result.exit_code == 2 and "No such option '--hf'" in result.output, result.output
     assert not (tmp_path / "hf").exists()
