@@ -31,6 +31,7 @@ from harness.adapters.bridge import BridgeAdapter, is_bridge
 from harness.adapters.entry import adapt, describe
 from harness.adapters.protocol import AnyModel, check_protocol
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.model.inputs import check_mask, check_tokens
 
 METHODS = ("ablation", "mean_ablation", "gradient", "l0_gates")
 ORDERS = ("importance", "random")
@@ -154,35 +155,6 @@ class ProbeData:
         return self.attention_mask
 
 
-def check_tokens(tokens: Any, d_vocab: int, *, min_pos: int = 1) -> None:
-    if not isinstance(tokens, Tensor):
-        raise AttnlabTypeError(f"tokens must be a torch.Tensor of token ids [n, pos], got {type(tokens).__name__}")
-    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise AttnlabError(f"tokens have dtype {tokens.dtype}: expected an integer dtype (token ids, e.g. torch.long)")
-    if tokens.ndim != 2:
-        raise AttnlabError(f"tokens have shape {tuple(tokens.shape)} (rank {tokens.ndim}): expected rank 2 [n, pos]")
-    if tokens.shape[0] < 1 or tokens.shape[1] < min_pos:
-        raise AttnlabError(f"tokens have shape {tuple(tokens.shape)}: expected at least 1 sequence and {min_pos} "
-                           f"position(s)")
-    lo, hi = int(tokens.min()), int(tokens.max())
-    if lo < 0 or hi >= d_vocab:
-        raise AttnlabError(f"token id {lo if lo < 0 else hi} is out of range: expected ids in [0, {d_vocab}) (d_vocab)")
-
-
-def _check_binary(name: str, mask: Any, shape: tuple) -> Tensor:
-    if not isinstance(mask, Tensor):
-        raise AttnlabTypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(mask).__name__}")
-    if tuple(mask.shape) != shape:
-        raise AttnlabError(f"{name} has shape {tuple(mask.shape)}: expected {shape}, the shape of tokens")
-    if mask.dtype.is_floating_point or mask.dtype.is_complex:
-        raise AttnlabError(f"{name} has dtype {mask.dtype}: expected bool or integer 0/1")
-    if mask.dtype != torch.bool:
-        if bool(((mask != 0) & (mask != 1)).any()):
-            raise AttnlabError(f"{name} has values other than 0 and 1: expected a 0/1 mask")
-        mask = mask.bool()
-    return mask
-
-
 def probe_data(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention_mask: Any = None,
             need_loss: bool = True) -> ProbeData:
     """Validate tokens and masks and move them to the model's device.
@@ -192,10 +164,10 @@ def probe_data(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention
     """
     check_tokens(tokens, info.d_vocab, min_pos=2 if need_loss else 1)
     shape = tuple(tokens.shape)
-    am = None if attention_mask is None else _check_binary("attention_mask", attention_mask, shape)
+    am = check_mask(attention_mask, *shape)
     if am is not None and not info.takes_attention_mask:
         raise AttnlabError("attention_mask was given but the model's forward takes no attention_mask argument")
-    lm = None if loss_mask is None else _check_binary("loss_mask", loss_mask, shape)
+    lm = check_mask(loss_mask, *shape, name="loss_mask")
     tokens = tokens.to(info.device, torch.long)
     am = None if am is None else am.to(info.device)
     if am is not None and bool(am.all()):

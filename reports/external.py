@@ -25,8 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+from transformer_lens import HookedRootModule
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+from transformers.utils import logging as hf_logging
+
+from harness.adapters.entry import adapt, describe, needs_adapter
+from harness.adapters.function import FunctionModel
+from harness.adapters.protocol import check_protocol
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.run_dir import RunDir, atomic_write_json
+from harness.training.tasks import TASKS, make_task
 
 TEXT_SEQ_LEN = 128  # tokens per --text sequence (capped by the model's n_ctx)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -67,9 +77,6 @@ def _auto_classes(config: Any) -> tuple[Any, ...]:
     """The Auto classes to try, in order: the head the config names (``architectures``, written by
     save_pretrained), else a causal LM head, except that a model type with both heads (BERT-style
     encoders, whose causal head is a decoder variant) gets its masked LM head unless ``is_decoder``."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
     names = getattr(config, "architectures", None) or []
     if any(str(n).endswith("ForMaskedLM") for n in names):
         return AutoModelForMaskedLM, AutoModelForCausalLM
@@ -81,10 +88,6 @@ def _auto_classes(config: Any) -> tuple[Any, ...]:
 
 def load_hf(path: str | os.PathLike, seed: int = 0) -> tuple[Any, dict[str, Any], Optional[Path]]:
     """``(PreTrainedModel, source facts, tokenizer folder or None)`` for ``--hf PATH`` (see the module docstring)."""
-    import torch
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # transformers' loading bars are noise around a one-line command
     path = Path(path)
     config_file = _config_file(path)
@@ -151,13 +154,7 @@ def load_factory(spec: str) -> tuple[Any, dict[str, Any]]:
 
 def _as_model(made: Any, spec: str) -> Any:
     """What a factory returned, behind the protocol: wrapped, a (module, cfg) pair as a FunctionModel."""
-    from transformer_lens import HookedRootModule
-
-    from harness.adapters.entry import adapt, needs_adapter
-
     if isinstance(made, tuple) and len(made) == 2 and callable(made[0]) and not isinstance(made[1], type):
-        from harness.adapters.function import FunctionModel
-
         return FunctionModel(made[0], made[1])
     if needs_adapter(made) or (isinstance(made, HookedRootModule) and hasattr(made, "cfg")):
         return adapt(made)
@@ -169,9 +166,6 @@ def _as_model(made: Any, spec: str) -> Any:
 # --- both ----------------------------------------------------------------------------------------
 def open_model(hf: Optional[str] = None, factory: Optional[str] = None, seed: int = 0) -> ExternalModel:
     """The model of ``--hf`` or ``--model`` (exactly one), wrapped and smoke-tested, with its card."""
-    from harness.adapters.entry import adapt
-    from harness.adapters.protocol import check_protocol
-
     if (hf is None) == (factory is None):
         raise AttnlabError("give exactly one of --hf PATH and --model module:callable")
     tokenizer = None
@@ -182,32 +176,14 @@ def open_model(hf: Optional[str] = None, factory: Optional[str] = None, seed: in
         assert factory is not None
         made, source = load_factory(factory)
         model = _as_model(made, factory)
-    check_protocol(model, hooks=False, forward=False)  # cfg fields and hook_dict, before running anything
-    smoke(model)
-    check_protocol(model, hooks=False)  # the forward's arguments and its logits' shape
+    # cfg fields, hook_dict and the forward's arguments, then the two-token smoke forward (a model that raises
+    # in it is one error naming the exception), before any work
+    check_protocol(model, hooks=False)
     return ExternalModel(model, model_card(model, source), tokenizer)
-
-
-def smoke(model: Any) -> None:
-    """A plain two-token forward: a model that raises is one ValueError naming the exception, before any work."""
-    import torch
-
-    from harness.adapters.entry import describe
-
-    n = min(2, int(model.cfg.n_ctx))
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    try:
-        with torch.no_grad():
-            model(torch.zeros(1, n, dtype=torch.long, device=device))
-    except Exception as exc:  # any failure of the user's model is reported as one error
-        raise AttnlabError(f"the model ({describe(model)}) raised {type(exc).__name__} on a plain {n}-token input: "
-                           f"{exc}") from None
 
 
 def model_card(model: Any, source: dict[str, Any]) -> dict[str, Any]:
     """What ``model.json`` records: source, adapter, architecture, route, parameters and the design facts."""
-    from harness.adapters.entry import describe
-
     cfg = model.cfg
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         facts = dataclasses.asdict(cfg)
@@ -248,10 +224,6 @@ def write_card(run_dir: Path, card: dict[str, Any]) -> Path:
 # --- probe data ----------------------------------------------------------------------------------
 def task_tokens(model: Any, task: str, sequences: int, seed: int) -> tuple[Any, Any]:
     """``(tokens, loss_mask)``: a validation batch of the harness task ``task`` at the model's vocab and n_ctx."""
-    import torch
-
-    from harness.training.tasks import TASKS, make_task
-
     cfg = model.cfg
     # the task's own length when the model's context allows it, else the whole context
     seq_len = min(TASKS[task].default_seq_len, cfg.n_ctx) if task in TASKS else None
@@ -261,8 +233,6 @@ def task_tokens(model: Any, task: str, sequences: int, seed: int) -> tuple[Any, 
 
 def text_tokens(ext: ExternalModel, text_file: str | os.PathLike, sequences: int, seq_len: int) -> tuple[Any, None]:
     """``(tokens, None)``: ``text_file`` tokenized by the --hf folder's tokenizer, cut into ``seq_len`` pieces."""
-    import torch
-
     path = Path(text_file)
     if ext.tokenizer_path is None:
         what = "a --model factory has no tokenizer" if ext.card.get("source") == "model" else \
@@ -271,8 +241,6 @@ def text_tokens(ext: ExternalModel, text_file: str | os.PathLike, sequences: int
                            f"(tokenizer.save_pretrained) or use --task NAME")
     if not path.is_file():
         raise FileNotFoundError(f"--text {path} does not exist or is not a file: expected a UTF-8 text file")
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(str(ext.tokenizer_path), local_files_only=True)
     try:
         text = path.read_text(encoding="utf-8")

@@ -86,5 +86,5 @@ def test_adapter_refuses_bad_input():
         adapter(tokens, attention_mask=torch.ones(1, 3))
     with pytest.raises(ValueError, match="n_ctx=32"):
         adapter(tokens, position_offset=30)
-    with pytest.raises(ValueError, match="integer token ids"):
+    with pytest.raises(ValueError, match="expected an integer dtype"):
         adapter(tokens.float())

@@ -5,6 +5,7 @@ is the one checker both call, and :class:`BridgeAdapter` wraps a TransformerLens
 """
 
 from harness.adapters.bridge import BridgeAdapter, ProtocolConfig
+from harness.adapters.design_facts import AdapterConfig, DesignFacts
 from harness.adapters.entry import adapt
 from harness.adapters.function import FunctionModel
 from harness.adapters.hf import HFAdapter
@@ -19,6 +20,6 @@ from harness.adapters.protocol import (
     required_hooks,
 )
 
-__all__ = ["AnyModel", "BridgeAdapter", "FunctionModel", "HFAdapter", "HFDesign", "ModelCfg", "ProtocolConfig",
-           "ProtocolModel", "UnsupportedInput",
+__all__ = ["AdapterConfig", "AnyModel", "BridgeAdapter", "DesignFacts", "FunctionModel", "HFAdapter", "HFDesign",
+           "ModelCfg", "ProtocolConfig", "ProtocolModel", "UnsupportedInput",
            "check_protocol", "observed_hooks", "required_hooks", "adapt"]

@@ -11,41 +11,23 @@ rule into Hugging Face ``position_ids``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
 from typing import Any, Optional
 
+import torch
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 
-from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES, wrapped_inputs
-from harness.errors import AttnlabError, AttnlabTypeError
+from harness.adapters.design_facts import AdapterConfig, design_facts
+from harness.adapters.hf_design import design_of
+from harness.adapters.protocol import model_device
+from harness.errors import AttnlabTypeError
+from harness.model.inputs import check_inputs, check_table_positions
+from harness.model.positions import mask_positions
+from harness.model.protocol_facts import ATTENTION_DIRS, POSITIONAL_TYPES
 
-
-@dataclass(frozen=True)
-class ProtocolConfig:
-    """The ``cfg`` fields the model protocol names, read off a bridge's config."""
-
-    n_layers: int
-    n_heads: int
-    d_head: int
-    d_model: int
-    d_vocab: int
-    n_ctx: int
-    positional_embedding_type: str
-    attention_dir: str
-    normalization_type: Optional[str] = None
-    n_key_value_heads: Optional[int] = None
-    # The wrapped model's declared design (read off the Hugging Face model, see HFDesign), so the checks
-    # follow the model and not the textbook: None where nothing was read (a bridge built elsewhere).
-    attn_scales: Optional[tuple[float, ...]] = None  # per layer: the factor on hook_q . hook_k
-    attn_softcap: Optional[float] = None
-    sliding_window: Optional[tuple[Optional[int], ...]] = None
-    rotary_dim: Optional[int] = None
-    rotary_style: Optional[str] = None
-    rotary_base: Optional[float] = None
-    alibi_style: Optional[str] = None
-    qk_norm: bool = False
-    arch: Optional[str] = None
+# The name BridgeAdapter's cfg had before both adapters shared one config class (properties exports it).
+ProtocolConfig = AdapterConfig
 
 
 def is_bridge(obj: Any) -> bool:
@@ -55,19 +37,18 @@ def is_bridge(obj: Any) -> bool:
     and ``hook_dict`` too. The one bridge test: :func:`harness.adapters.entry.adapt`, the adapter and
     the probes all ask it.
     """
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-    except ImportError:  # pragma: no cover - older TransformerLens without bridges
-        return False
-    return isinstance(obj, TransformerBridge)
+    # A bridge exists only once transformer_lens.model_bridge is loaded; importing it costs ~2 s, which every
+    # entry point would pay for a model that is not one.
+    module = sys.modules.get("transformer_lens.model_bridge")
+    return module is not None and isinstance(obj, module.TransformerBridge)
 
 
 class BridgeAdapter(HookedRootModule):
     """A ``TransformerBridge`` (compatibility mode) behind the protocol's forward, cfg and hook names.
 
-    ``forward(tokens, attention_mask=None, position_offset=0)`` passes
-    ``position_ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)``: a token's position is
-    the offset plus the number of real tokens before it, so left padding does not move positions
+    ``forward(tokens, attention_mask=None, position_offset=0)`` passes the protocol's positions
+    (:func:`harness.model.positions.mask_positions`) as ``position_ids``: a token's position is the
+    offset plus the number of real tokens before it, so left padding does not move positions
     (Hugging Face models otherwise number positions by index).
     """
 
@@ -80,21 +61,20 @@ class BridgeAdapter(HookedRootModule):
             # TransformerLens hook names live in compatibility mode; no_processing keeps the weights as given
             bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
         self.bridge = bridge
-        self._cfg = self._read_cfg(bridge.cfg, design if design is not None else self._design_of(bridge))
+        self._cfg = self._read_cfg(bridge.cfg, design if design is not None else self._design_of(bridge),
+                                   str(model_device(bridge)))
         self.setup()
 
     @staticmethod
     def _design_of(bridge: Any) -> Any:
-        """The HFDesign of the model inside ``bridge`` where it can still be read, else None."""
-        from harness.adapters.hf_design import design_of
-
+        """The HFAdapter cfg of the model inside ``bridge`` where it can still be read, else None."""
         try:
             return design_of(bridge.original_model)
         except Exception:  # the builder replaced modules the reader needs: textbook defaults
             return None
 
     @staticmethod
-    def _read_cfg(cfg: Any, design: Any = None) -> ProtocolConfig:
+    def _read_cfg(cfg: Any, design: Optional[AdapterConfig] = None, device: Optional[str] = None) -> AdapterConfig:
         pos = getattr(cfg, "positional_embedding_type", None)
         direction = getattr(cfg, "attention_dir", "causal")
         if pos not in POSITIONAL_TYPES:
@@ -104,17 +84,17 @@ class BridgeAdapter(HookedRootModule):
             raise AttnlabTypeError(f"bridge cfg.attention_dir={direction!r} is not one of {list(ATTENTION_DIRS)}")
         facts: dict[str, Any] = {}
         if design is not None and design.n_layers == cfg.n_layers:
-            # the bridge's hook_q is q as the projection gives it, before a pre-scale (OPT) the HF route's
-            # hook_q already carries: the factor on it is the whole scale
-            pre = design.query_prescale or 1.0
-            facts = dict(attn_scales=tuple(s * pre for s in design.attn_scales), attn_softcap=design.attn_softcap,
-                         sliding_window=design.sliding_window, rotary_dim=design.rotary_dim,
-                         rotary_style=design.rotary_style, rotary_base=design.rotary_base,
-                         alibi_style=design.alibi_style, qk_norm=design.qk_norm, arch=design.arch)
-        return ProtocolConfig(n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_head=cfg.d_head, d_model=cfg.d_model,
-                              d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, positional_embedding_type=pos,
-                              attention_dir=direction, normalization_type=getattr(cfg, "normalization_type", None),
-                              n_key_value_heads=getattr(cfg, "n_key_value_heads", None), **facts)
+            facts = design_facts(design)
+            if design.attn_scales is not None:
+                # the bridge's hook_q is q as the projection gives it, before a pre-scale (OPT) the HF route's
+                # hook_q already carries: the factor on it is the whole scale
+                scales = tuple(s * (design.query_prescale or 1.0) for s in design.attn_scales)
+                facts.update(attn_scale=scales[0], attn_scales=scales, query_prescale=None)
+            facts["arch"] = design.arch
+        return AdapterConfig(adapter="BridgeAdapter", n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_head=cfg.d_head,
+                             d_model=cfg.d_model, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, positional_embedding_type=pos,
+                             attention_dir=direction, normalization_type=getattr(cfg, "normalization_type", None),
+                             n_key_value_heads=getattr(cfg, "n_key_value_heads", None), device=device, **facts)
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module, architecture: Optional[str] = None) -> BridgeAdapter:
@@ -123,12 +103,11 @@ class BridgeAdapter(HookedRootModule):
         The bridge replaces submodules of ``hf_model`` in place (TransformerLens's builder does),
         so pass a model you do not need unwrapped afterwards.
         """
+        # transformer_lens.model_bridge costs ~2 s to import: loaded when a bridge is built, not by every entry point
         from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
         if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
             raise AttnlabTypeError(f"from_hf expects a Hugging Face PreTrainedModel, got {type(hf_model).__name__}")
-        from harness.adapters.hf_design import design_of
-
         arch = architecture or (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
         try:  # read before the builder replaces modules
             design = design_of(hf_model)
@@ -147,14 +126,14 @@ class BridgeAdapter(HookedRootModule):
         self.hook_dict = dict(self.bridge.hook_dict)
 
     @property
-    def cfg(self) -> ProtocolConfig:
+    def cfg(self) -> AdapterConfig:
         return self._cfg
 
     def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0) -> Tensor:
         cfg = self._cfg
-        mask = wrapped_inputs(tokens, attention_mask, position_offset)
-        position_ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)
-        if cfg.positional_embedding_type == "standard" and int(position_ids.max()) >= cfg.n_ctx:
-            raise AttnlabError(f"position {int(position_ids.max())} is past the learned position table: "
-                               f"expected positions < n_ctx={cfg.n_ctx}")
+        tokens, real, position_offset = check_inputs(tokens, attention_mask, position_offset, cfg.d_vocab)
+        mask = torch.ones_like(tokens) if real is None else real.long()
+        position_ids = mask_positions(mask, position_offset, mask.shape[-1], mask.device)
+        if cfg.positional_embedding_type == "standard":
+            check_table_positions(position_ids, cfg.n_ctx)
         return self.bridge(tokens, attention_mask=mask, position_ids=position_ids)

@@ -7,7 +7,7 @@ two routes): decoder-layer inputs and outputs give ``hook_resid_pre``/``hook_res
 attention function registered with transformers' AttentionInterface (or module hooks on older
 architectures) gives the attention hooks. A hook that returns a tensor replaces the activation
 in the model, as in TransformerLens. The model's declared design is ``cfg``
-(:class:`~harness.adapters.hf_design.HFDesign`).
+(:class:`~harness.adapters.design_facts.AdapterConfig`, read by :mod:`harness.adapters.hf_design`).
 
 The adapter points the wrapped model at ``attnlab_<kernel>`` (its attention implementation) and
 hooks its modules: wrap a model you do not need unwrapped afterwards, and wrap it once.
@@ -16,6 +16,7 @@ hooks its modules: wrap a model you do not need unwrapped afterwards, and wrap i
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any, Optional, cast
 
 import torch
@@ -26,9 +27,14 @@ from transformer_lens.hook_points import HookPoint
 
 from harness.adapters import hf_attention as attention
 from harness.adapters import hf_routes as routes
-from harness.adapters.hf_design import HFDesign, position_embedding_module, read_design
-from harness.adapters.protocol import wrapped_inputs
+from harness.adapters.design_facts import AdapterConfig
+from harness.adapters.hf_design import head_dim, position_embedding_module, read_design
+from harness.adapters.protocol import smoke_forward
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.model.hooks import active
+from harness.model.inputs import check_inputs, check_mask, check_table_positions, check_tokens
+from harness.model.positions import mask_positions
+from harness.model.protocol_facts import ADDED_POSITIONS
 
 ATTN_POINTS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores", "hook_pattern", "hook_z")
 
@@ -64,10 +70,6 @@ class _LnFinal(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
 
-def _busy(point: HookPoint) -> bool:
-    return bool(point._forward_hooks or point._backward_hooks)
-
-
 def _first(output: Any) -> Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output  # OpenAI GPT's blocks return lists
 
@@ -79,11 +81,10 @@ def _replace_first(output: Any, tensor: Tensor) -> Any:
 
 
 def _is_pretrained(model: Any) -> bool:
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return False
-    return isinstance(model, PreTrainedModel)
+    # A PreTrainedModel exists only once transformers.modeling_utils is loaded; importing it costs ~1.7 s,
+    # which every entry point would pay for a model that is not one.
+    module = sys.modules.get("transformers.modeling_utils")
+    return module is not None and isinstance(model, module.PreTrainedModel)
 
 
 class HFAdapter(HookedRootModule):
@@ -117,7 +118,7 @@ class HFAdapter(HookedRootModule):
         self.hf_model = hf_model.eval()
         self._layers, self._attns = layers, attns
         self._outs = [routes.out_projection(layer) for layer in layers]
-        d_head = self._head_dim(cast(nn.Module, attns[0]), config)
+        d_head = head_dim(cast(nn.Module, attns[0]), config)
         self._cfg = read_design(hf_model, attns, d_head)
         self.route = self._choose_route(hf_model, attns)
         if self.route == routes.MODULE_HOOKS and any(o is None for o in self._outs):
@@ -135,7 +136,7 @@ class HFAdapter(HookedRootModule):
             previous.detach()
         self._install()
         self.setup()
-        self._smoke()
+        self._smoke(arch)
         hf_model.__dict__["_attnlab_adapter"] = self  # not a submodule: no cycle in modules()
 
     @classmethod
@@ -158,23 +159,14 @@ class HFAdapter(HookedRootModule):
         return cls(hf_model)
 
     @property
-    def cfg(self) -> HFDesign:
+    def cfg(self) -> AdapterConfig:
         return self._cfg
-
-    @staticmethod
-    def _head_dim(attn: nn.Module, config: Any) -> int:
-        for name in ("head_dim", "head_size", "attention_head_size"):
-            value = getattr(attn, name, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        text = config.get_text_config()
-        return int(text.hidden_size // text.num_attention_heads)
 
     def _choose_route(self, hf_model: Any, attns: list) -> str:
         if not all(routes.uses_interface(a) for a in attns):
             return routes.MODULE_HOOKS
         current = hf_model.config._attn_implementation or "sdpa"
-        base = routes.base_kernel(current)
+        base = attention.base_kernel(current)
         name = routes.register_kernel(base)
         if current != name:
             hf_model.set_attn_implementation(name)
@@ -189,7 +181,7 @@ class HFAdapter(HookedRootModule):
         self._handles = []
         self._handles.append(hf.get_input_embeddings().register_forward_hook(self._out_hook(self.hook_embed)))
         table = position_embedding_module(hf)
-        if table is not None and cfg.positional_embedding_type in ("standard", "sinusoidal"):
+        if table is not None and cfg.positional_embedding_type in ADDED_POSITIONS:
             self._handles.append(table.register_forward_hook(self._out_hook(self.hook_pos_embed)))
         # RoFormer's forward takes no position_ids but its sinusoidal table does: a position offset reaches the
         # table (and so the rotation) through it; the table still computes the angles itself
@@ -242,7 +234,7 @@ class HFAdapter(HookedRootModule):
     @staticmethod
     def _out_hook(point: HookPoint) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
-            if not _busy(point):
+            if not active(point):
                 return None
             x = _first(output)
             y = point(x)
@@ -252,7 +244,7 @@ class HFAdapter(HookedRootModule):
     @staticmethod
     def _pre_hook(point: HookPoint) -> Any:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-            if not _busy(point):
+            if not active(point):
                 return None
             if args:
                 y = point(args[0])
@@ -266,7 +258,7 @@ class HFAdapter(HookedRootModule):
         n_heads = self._cfg.n_heads
 
         def hook(module: nn.Module, args: tuple) -> Any:
-            if not _busy(point):
+            if not active(point):
                 return None
             merged = args[0]  # [batch, pos, n_heads * d_head]
             y = point(merged.unflatten(-1, (n_heads, -1)))
@@ -278,30 +270,30 @@ class HFAdapter(HookedRootModule):
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             # read-only: the pattern was already used by the time the module returns it
             weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-            if _busy(point) and isinstance(weights, Tensor) and weights.ndim == 4:
+            if active(point) and isinstance(weights, Tensor) and weights.ndim == 4:
                 point(weights)
         return hook
 
     # ---- forward --------------------------------------------------------------------------------------
     def position_ids(self, mask: Int[Tensor, "batch pos"], position_offset: int) -> Int[Tensor, "batch pos"]:
-        """The ids passed to the model: offset + real tokens before each token (+ the table offset it expects)."""
-        ids = position_offset + (mask.cumsum(-1) - 1).clamp(min=0)
+        """The ids passed to the model: the protocol's positions (+ the table offset it expects)."""
+        ids = mask_positions(mask, position_offset, mask.shape[-1], mask.device)
         table = position_embedding_module(self.hf_model)
         # OPT adds its offset to the ids it is given; RoBERTa-style tables expect ids already offset
         if self._cfg.pos_offset and not isinstance(getattr(table, "offset", None), int):
             ids = ids + self._cfg.pos_offset
         return ids
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], attention_mask: Optional[Tensor] = None,
-                position_offset: int = 0) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,
+                position_offset: int = 0) -> Float[Tensor, "batch pos d_vocab"]:  # inputs: check_inputs validates
         cfg = self._cfg
-        mask = wrapped_inputs(tokens, attention_mask, position_offset)
+        tokens, real, position_offset = check_inputs(tokens, attention_mask, position_offset, cfg.d_vocab)
+        mask = torch.ones_like(tokens) if real is None else real.long()
         kwargs: dict[str, Any] = {"attention_mask": mask}
         ids = self.position_ids(mask, position_offset)
         if "position_ids" in self._params:
-            if cfg.positional_embedding_type == "standard" and int(ids.max()) - cfg.pos_offset >= cfg.n_ctx:
-                raise AttnlabError(f"position {int(ids.max()) - cfg.pos_offset} is past the learned position table: "
-                                   f"expected positions < n_ctx={cfg.n_ctx}")
+            if cfg.positional_embedding_type == "standard":
+                check_table_positions(ids - cfg.pos_offset, cfg.n_ctx)
             kwargs["position_ids"] = ids
         elif position_offset and self._offset_table:
             # numbered by index from the offset, as the model numbers its own positions (left padding moves them;
@@ -315,7 +307,7 @@ class HFAdapter(HookedRootModule):
         if "use_cache" in self._params:
             kwargs["use_cache"] = False
         if self.route == routes.MODULE_HOOKS and "output_attentions" in self._params and \
-                any(_busy(b.attn.hook_pattern) for b in cast(list[_Block], list(self.blocks))):
+                any(active(b.attn.hook_pattern) for b in cast(list[_Block], list(self.blocks))):
             kwargs["output_attentions"] = True
         try:
             return self.hf_model(input_ids=tokens, **kwargs).logits
@@ -338,17 +330,13 @@ class HFAdapter(HookedRootModule):
             raise AttributeError(f"{self._cfg.arch} has no cache to decode through")
         return super().__getattr__(name)
 
-    def _forward_with_cache(self, tokens: Int[Tensor, "batch new"], attention_mask: Optional[Tensor] = None,
+    def _forward_with_cache(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,
                             past: Optional[tuple[Any, Tensor]] = None) -> tuple[Tensor, tuple[Any, Tensor]]:
         """Logits of the new ``tokens`` through the model's own cache (its ``past_key_values``), and the
         cache to pass next: ``(hf_cache, mask so far)``. ``attention_mask`` covers the new tokens only."""
-        if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
-            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise AttnlabError(f"tokens {shape} are invalid: expected integer token ids [batch, new]")
-        new = torch.ones_like(tokens) if attention_mask is None else attention_mask.long()
-        if tuple(new.shape) != tuple(tokens.shape):
-            raise AttnlabError(f"attention_mask has shape {tuple(new.shape)}: expected [batch, new] = "
-                               f"{tuple(tokens.shape)}")
+        check_tokens(tokens, self._cfg.d_vocab)
+        real = check_mask(attention_mask, *tokens.shape)
+        new = torch.ones_like(tokens) if real is None else real.long()
         if past is not None and not (isinstance(past, tuple) and len(past) == 2):
             raise AttnlabTypeError(f"past must be None or what forward_with_cache returned, got {type(past).__name__}")
         cache, seen = (None, new[:, :0]) if past is None else past
@@ -360,16 +348,9 @@ class HFAdapter(HookedRootModule):
         cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
         return out.logits, (cache, mask)
 
-    def _smoke(self) -> None:
+    def _smoke(self, arch: str) -> None:
         """A plain two-token forward before any use: a model that raises gets one error naming the exception."""
-        n = min(2, self._cfg.n_ctx)
-        tokens = torch.zeros(1, n, dtype=torch.long, device=self._cfg.device)
-        try:
-            with torch.no_grad():
-                logits = self(tokens)
-        except Exception as exc:  # any failure of the user's model is reported as one error
-            raise AttnlabError(f"{self._cfg.arch} model ({type(self.hf_model).__name__}) raised "
-                               f"{type(exc).__name__} on a plain {n}-token input: {exc}") from exc
-        if tuple(logits.shape) != (1, n, self._cfg.d_vocab):
-            raise AttnlabTypeError(f"{self._cfg.arch} model returned logits {tuple(logits.shape)}: expected "
-                                   f"[batch, pos, d_vocab] = {(1, n, self._cfg.d_vocab)} (a causal or masked LM head)")
+        label = f"{arch} model ({type(self.hf_model).__name__})"
+        problems, _ = smoke_forward(self, label=label)
+        if problems:
+            raise AttnlabTypeError(f"{label}: {'; '.join(problems)} (expected a causal or masked LM head)")

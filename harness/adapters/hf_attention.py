@@ -28,7 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from harness.errors import AttnlabError
+from harness.model.hooks import active
 
+# The prefix of the attention implementations HFAdapter registers: "attnlab_sdpa" wraps "sdpa".
+PREFIX = "attnlab_"
 # The layer whose attention module is running (set by a pre-hook on that module).
 CURRENT: contextvars.ContextVar[Optional[LayerTap]] = contextvars.ContextVar("attnlab_current_layer", default=None)
 # attention module -> its LayerTap; weak so a discarded adapter leaves nothing behind.
@@ -47,8 +50,12 @@ class LayerTap:
     explicit_calls: int = 0  # how often the explicit scores were computed (tests: idle hooks stay on the kernel)
 
     def active(self, name: str) -> bool:
-        point = self.points[name]
-        return bool(point._forward_hooks or point._backward_hooks)
+        return active(self.points[name])
+
+
+def base_kernel(name: str) -> str:
+    """The model's own kernel behind an ``attnlab_`` implementation name ("attnlab_sdpa" -> "sdpa")."""
+    return name[len(PREFIX):] if name.startswith(PREFIX) else name
 
 
 def kernel(module: nn.Module, base: str) -> Any:
@@ -58,6 +65,7 @@ def kernel(module: nn.Module, base: str) -> Any:
     """
     if base == "eager":
         return sys.modules[type(module).__module__].eager_attention_forward
+    # transformers.modeling_utils costs ~1.7 s to import; here an HF model is running, so it is loaded already
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return ALL_ATTENTION_FUNCTIONS[base]
@@ -103,8 +111,6 @@ def observed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
     """The registered ``attnlab_<kernel>`` attention function (see the module docstring)."""
     tap = TAPS.get(module)
     if tap is None:  # a model pointed at attnlab_* whose adapter is gone: behave as the base kernel
-        from harness.adapters.hf_routes import base_kernel
-
         base = base_kernel(getattr(getattr(module, "config", None), "_attn_implementation", "attnlab_sdpa"))
         return kernel(module, base)(module, query, key, value, attention_mask, **kwargs)
     n_rep = query.shape[1] // key.shape[1]

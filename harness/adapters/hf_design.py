@@ -1,12 +1,11 @@
 """The declared design of a Hugging Face model, read off its config and modules (``HFAdapter.cfg``).
 
-Besides the protocol fields (docs/architecture.md) the design records where a model departs from
-the textbook attention of Vaswani et al. 2017, so that the property checks can follow what
-the model declares instead of one formula: the scale actually used, soft-capping, a sliding
-window per layer, partial or interleaved rotary, learned-position offsets, q/k norms and the
-ALiBi form. Values are read from the attention modules where the modeling code keeps them
-(``module.scaling``, ``module.sliding_window``, ``module.rotary_ndims`` ...), from the config
-otherwise; a fact the model does not have is None.
+Fills :class:`~harness.adapters.design_facts.AdapterConfig`: the protocol fields and the design
+facts (documented there) where a model departs from the textbook attention of Vaswani et al. 2017,
+so that the property checks follow what the model declares instead of one formula. Values are read
+from the attention modules where the modeling code keeps them (``module.scaling``,
+``module.sliding_window``, ``module.rotary_ndims`` ...), from the config otherwise; a fact the
+model does not have is None.
 """
 
 from __future__ import annotations
@@ -15,11 +14,12 @@ import inspect
 import math
 import re
 import sys
-from dataclasses import dataclass
 from typing import Any, Optional, cast
 
 from torch import nn
 
+from harness.adapters import hf_routes as routes
+from harness.adapters.design_facts import AdapterConfig
 from harness.errors import AttnlabTypeError
 
 # Architectures whose ALiBi bias is slope * key_index (Bloom's build_alibi_tensor, Falcon's copy
@@ -32,37 +32,8 @@ _ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert", "xmod", "roberta-prelaye
 _UNSCALED = ("gpt_neo",)
 
 
-@dataclass(frozen=True)
-class HFDesign:
-    """``cfg`` of an :class:`~harness.adapters.hf.HFAdapter`: protocol fields plus the model's design facts."""
-
-    n_layers: int
-    n_heads: int
-    d_head: int
-    d_model: int
-    d_vocab: int
-    n_ctx: int
-    positional_embedding_type: str  # "standard" (learned) / "sinusoidal" / "rotary" / "alibi" / "none"
-    attention_dir: str  # "causal" / "bidirectional"
-    n_key_value_heads: int
-    device: str
-    arch: str  # the HF config's model_type
-    attn_scale: float  # layer 0's entry of attn_scales
-    attn_scales: tuple[float, ...]  # per layer: the factor hook_q . hook_k is multiplied by before the softmax
-    attn_softcap: Optional[float]  # Gemma 2: scores -> softcap * tanh(scores / softcap)
-    sliding_window: tuple[Optional[int], ...]  # per layer; None = global attention
-    rotary_dim: Optional[int]  # dimensions of each head that rotate (partial rotary: < d_head)
-    rotary_style: Optional[str]  # "half" (rotate_half: Llama, NeoX) / "interleaved" (GPT-J, CodeGen)
-    rotary_base: Optional[float]
-    pos_offset: int  # row of the learned position table that position 0 reads (OPT 2, RoBERTa pad+1)
-    qk_norm: bool  # q/k normalised per head before the rotation (Qwen3, OLMo2, Gemma 3)
-    alibi: bool
-    alibi_style: Optional[str]  # "absolute_key" (slope * key index) / "relative" (slope * (key - query))
-    normalization_type: Optional[str] = None
-    adapter: str = "HFAdapter"
-    # OPT: q_proj(x) is multiplied by this before the attention function (hook_q is the scaled q, so
-    # attn_scales is 1.0 there); None where the scale is applied to q.k
-    query_prescale: Optional[float] = None
+# The name HFAdapter's cfg had before both adapters shared one config class.
+HFDesign = AdapterConfig
 
 
 def _text_config(config: Any) -> Any:
@@ -212,8 +183,18 @@ def _norm_type(hf_model: nn.Module) -> Optional[str]:
     return "LN" if any("LayerNorm" in n for n in names) else None
 
 
-def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_head: int) -> HFDesign:
-    """The :class:`HFDesign` of ``hf_model``, given its per-layer attention modules and head size."""
+def head_dim(attn: nn.Module, config: Any) -> int:
+    """The width of one attention head: the module's own attribute, else hidden_size // num_attention_heads."""
+    for name in ("head_dim", "head_size", "attention_head_size"):
+        value = getattr(attn, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    text = config.get_text_config()
+    return int(text.hidden_size // text.num_attention_heads)
+
+
+def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_head: int) -> AdapterConfig:
+    """The ``cfg`` of ``hf_model`` behind an HFAdapter, given its per-layer attention modules and head size."""
     config = _text_config(hf_model.config)
     arch = str(getattr(config, "model_type", type(hf_model).__name__))
     n_layers = len(attn_modules)
@@ -236,16 +217,17 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
     style = None
     if rotary:
         style = _rotary_style(module, attn0)
-    base = None
+    base = rope_type = None
     if rotary:
         base = _rope(config).get("rope_theta", getattr(config, "rope_theta", getattr(config, "rotary_emb_base", None)))
         base = float(base) if base is not None else 10000.0  # GPT-J/CodeGen hard-code 10000
+        rope_type = _rope(config).get("rope_type")
     softcap = getattr(config, "attn_logit_softcapping", None)
     causal = all(getattr(a, "is_causal", True) for a in attn_modules if a is not None)
     n_ctx = _int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length") or 2048
     qk_norm = any(getattr(attn0, name, None) is not None for name in ("q_norm", "q_layernorm"))
-    return HFDesign(
-        n_layers=n_layers, n_heads=int(n_heads), d_head=d_head, d_model=int(d_model),
+    return AdapterConfig(
+        adapter="HFAdapter", n_layers=n_layers, n_heads=int(n_heads), d_head=d_head, d_model=int(d_model),
         d_vocab=int(config.vocab_size), n_ctx=n_ctx, positional_embedding_type=pos,
         attention_dir="causal" if causal else "bidirectional", n_key_value_heads=int(n_kv or n_heads),
         device=str(next((p.device for p in hf_model.parameters()), "cpu")), arch=arch,
@@ -253,22 +235,17 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         attn_softcap=float(softcap) if softcap is not None else None,
         sliding_window=tuple(_sliding(config, a, i) for i, a in enumerate(attn_modules)),
         rotary_dim=_rotary_dim(config, attn0, d_head) if rotary else None, rotary_style=style, rotary_base=base,
-        pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0,
-        qk_norm=qk_norm, alibi=pos == "alibi",
+        rope_type=rope_type, pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0, qk_norm=qk_norm,
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
     )
 
 
-def design_of(hf_model: nn.Module) -> HFDesign:
-    """The :class:`HFDesign` of ``hf_model`` without wrapping it (what :class:`BridgeAdapter` declares)."""
-    from harness.adapters import hf_routes as routes
-    from harness.adapters.hf import HFAdapter
-
+def design_of(hf_model: nn.Module) -> AdapterConfig:
+    """The HFAdapter ``cfg`` of ``hf_model`` without wrapping it (what :class:`BridgeAdapter` declares)."""
     config = hf_model.config
     layers = routes.find_layers(hf_model, getattr(_text_config(config), "num_hidden_layers", None))
     attns = [routes.attention_module(layer) for layer in layers] if layers is not None else []
     if not attns or any(a is None for a in attns):
         raise AttnlabTypeError(f"{type(hf_model).__name__} has no stack of attention blocks to read a design from")
-    return read_design(hf_model, attns, HFAdapter._head_dim(cast(nn.Module, attns[0]), config))
-
+    return read_design(hf_model, attns, head_dim(cast(nn.Module, attns[0]), config))

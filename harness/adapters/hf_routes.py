@@ -25,10 +25,11 @@ from typing import Any, Optional, cast
 
 from torch import nn
 
+from harness.adapters.hf_attention import PREFIX, observed_attention
+
 INTERFACE = "attention_interface"
 MODULE_HOOKS = "module_hooks"
 ROUTES = (INTERFACE, MODULE_HOOKS)
-PREFIX = "attnlab_"
 # Names the attention output projection has across modeling files (the first match inside an
 # attention module wins; an MLP's c_proj/dense sits under a module without "Attention" in its name).
 OUT_PROJ_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "out_lin", "wo")
@@ -100,10 +101,9 @@ def register_kernel(base: str) -> str:
     The mask function is the base kernel's own (sdpa's boolean mask or None, eager's additive
     mask), so the model builds exactly the mask it builds for its configured kernel.
     """
+    # transformers.modeling_utils costs ~1.7 s to import: loaded here, once an HF model is being wrapped
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import AttentionInterface
-
-    from harness.adapters.hf_attention import observed_attention
 
     name = PREFIX + base
     if name not in AttentionInterface._global_mapping:
@@ -113,10 +113,6 @@ def register_kernel(base: str) -> str:
         # cast: transformers' registry infers its values as builtins.function, which is not a Callable to mypy
         ALL_MASK_ATTENTION_FUNCTIONS.register(name, cast(Callable[..., Any], masks[base]))
     return name
-
-
-def base_kernel(name: str) -> str:
-    return name[len(PREFIX):] if name.startswith(PREFIX) else name
 
 
 def route_for_model_type(model_type: str) -> str:

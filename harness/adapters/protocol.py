@@ -18,13 +18,10 @@ from torch import Tensor
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from harness._checks import check_int, is_int
+from harness._checks import is_int
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.model.protocol_facts import ADDED_POSITIONS, ATTENTION_DIRS, CFG_FIELDS, POSITIONAL_TYPES
 
-CFG_FIELDS = ("n_layers", "n_heads", "d_head", "d_model", "d_vocab", "n_ctx",
-              "positional_embedding_type", "attention_dir")
-POSITIONAL_TYPES = ("standard", "sinusoidal", "rotary", "alibi", "none")
-ATTENTION_DIRS = ("causal", "bidirectional")
 # The attention hook points every layer must expose; the property checks read q/k/scores/pattern,
 # and probes gate heads through hook_z.
 ATTN_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
@@ -106,7 +103,7 @@ def required_hooks(cfg: ModelCfg) -> list[str]:
         names += [f"blocks.{layer}.{h}" for h in BLOCK_HOOKS]
         attn = list(ATTN_HOOKS) + (list(ROTARY_HOOKS) if cfg.positional_embedding_type == "rotary" else [])
         names += [f"blocks.{layer}.attn.{h}" for h in attn]
-    if cfg.positional_embedding_type in ("standard", "sinusoidal"):
+    if cfg.positional_embedding_type in ADDED_POSITIONS:
         names.append("hook_pos_embed")
     return names
 
@@ -148,7 +145,8 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
 
     Always checks the class (a ``transformer_lens.HookedRootModule`` with ``setup()`` called), the
     ``cfg`` fields and their values, the ``forward`` arguments, and that a two-token forward pass
-    returns logits ``[batch, pos, d_vocab]``. With ``hooks=True`` the hook points in
+    returns logits ``[batch, pos, d_vocab]`` (:func:`smoke_forward`: a model that raises in it gets
+    one AttnlabError naming the exception). With ``hooks=True`` the hook points in
     :func:`required_hooks` must also exist *and fire* in that smoke forward (counting hooks are
     attached to them): a name in ``hook_dict`` that never fires is reported as such. The property
     suite calls ``hooks=False``: there a missing or silent hook makes only the properties that need
@@ -176,7 +174,7 @@ def check_protocol(model: AnyModel, *, hooks: bool = True, forward: bool = True)
         watch = [name for name in required_hooks(checked.cfg) if name in checked.hook_dict]
         missing += [f"no hook point {name}" for name in required_hooks(checked.cfg) if name not in checked.hook_dict]
     if not missing and forward:
-        problems, fired = _smoke(checked, watch)
+        problems, fired = smoke_forward(checked, watch)
         missing += problems
         if not problems:
             missing += [f"hook point {name} never fires in a forward pass" for name in watch if name not in fired]
@@ -192,15 +190,22 @@ def observed_hooks(model: ProtocolModel) -> set[str]:
     that needs a hook outside this set is unobservable on the model (not failed). ``model``
     must already pass ``check_protocol(model, hooks=False)``.
     """
-    problems, fired = _smoke(model, list(model.hook_dict))
+    problems, fired = smoke_forward(model, list(model.hook_dict))
     if problems:
         raise AttnlabTypeError(f"model of type {type(model).__name__} does not follow the model protocol: "
                                + "; ".join(problems))
     return fired
 
 
-def _smoke(model: ProtocolModel, watch: list[str]) -> tuple[list[str], set[str]]:
-    """Problems with a two-token forward's logits, and which of ``watch`` fired in it."""
+def smoke_forward(model: ProtocolModel, watch: Iterable[str] = (), *, label: Optional[str] = None
+                  ) -> tuple[list[str], set[str]]:
+    """The plain two-token forward pass every entry runs before any work: its problems, and which of ``watch`` fired.
+
+    All tokens real, ``position_offset=0``. A ``TypeError`` (the forward does not take the
+    protocol's arguments) and logits that are not ``[batch, pos, d_vocab]`` are protocol problems,
+    returned; any other exception is the model's own failure, raised as one :class:`AttnlabError`
+    naming it (``label`` names the model, default its class).
+    """
     cfg = model.cfg
     n = min(2, cfg.n_ctx)
     tokens = torch.zeros(1, n, dtype=torch.long, device=model_device(model))
@@ -216,6 +221,9 @@ def _smoke(model: ProtocolModel, watch: list[str]) -> tuple[list[str], set[str]]
             logits = model(tokens, attention_mask=torch.ones_like(tokens), position_offset=0)
     except TypeError as exc:
         return [f"forward(tokens, attention_mask=..., position_offset=0) raised TypeError: {exc}"], fired
+    except Exception as exc:  # any failure of the model itself is one error, before any work
+        raise AttnlabError(f"{label or f'the model ({type(model).__name__})'} raised {type(exc).__name__} on a "
+                           f"plain {n}-token input: {exc}") from exc
     if not isinstance(logits, Tensor) or tuple(logits.shape) != (1, n, cfg.d_vocab):
         got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         return [f"forward returned {got}, expected logits [batch, pos, d_vocab] = {(1, n, cfg.d_vocab)}"], fired
@@ -379,21 +387,3 @@ class CachedDecoding(Protocol):
 def has_cached_decoding(model: Any) -> bool:
     """Whether ``model`` exposes :class:`CachedDecoding`'s method."""
     return callable(getattr(model, CACHED_DECODING, None))
-
-
-def wrapped_inputs(tokens: object, attention_mask: Optional[Tensor], position_offset: object) -> Tensor:
-    """The checks an adapter's ``forward`` makes before calling the wrapped model, and its mask.
-
-    ``tokens`` must be integer ids ``[batch, pos]``, ``position_offset`` an integer >= 0 and
-    ``attention_mask`` None (every token real) or of the tokens' shape; returns the mask as ``long``.
-    """
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
-        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise AttnlabError(f"tokens {shape} are invalid: expected integer token ids [batch, pos]")
-    check_int("position_offset", position_offset, 0)
-    if attention_mask is None:
-        return torch.ones_like(tokens)
-    if tuple(attention_mask.shape) != tuple(tokens.shape):
-        raise AttnlabError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
-                           f"[batch, pos] = {tuple(tokens.shape)}")
-    return attention_mask.long()

@@ -23,12 +23,11 @@ from harness._checks import (
     invalid,
 )
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.model.protocol_facts import ATTENTION_DIRS, POSITIONAL_TYPES  # the protocol's values, defined once
 
 ACT_FNS = ("relu", "gelu", "gelu_new", "silu")
 NORMALIZATION_TYPES = ("LN", "RMS", None)
 NORM_PLACEMENTS = ("pre", "post")
-POSITIONAL_TYPES = ("standard", "sinusoidal", "rotary", "alibi", "none")
-ATTENTION_DIRS = ("causal", "bidirectional")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 BOOL_WORDING = "a bool (True or False)"  # what the config fields say a bool is
 

@@ -1,58 +1,81 @@
-"""Validation of a forward pass's inputs, shared by the model and by generation.
+"""Validation of a forward pass's inputs: the one set of checks the model, the adapters and the probes call.
 
-Each check raises before any compute with a message naming the value and what was expected.
+Each check raises before any compute with a message naming the value and what was expected, in one
+wording whichever entry (``Transformer.forward``, an adapter's ``forward``, a probe) received it.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
 import torch
-from jaxtyping import Bool
+from jaxtyping import Bool, Int
 from torch import Tensor
 
 from harness._checks import check_int
 from harness.errors import AttnlabError, AttnlabTypeError
 
-__all__ = ["check_tokens", "check_mask", "check_offset"]
+__all__ = ["check_tokens", "check_mask", "check_offset", "check_inputs", "check_table_positions"]
 
 
-def check_tokens(tokens: object, d_vocab: int) -> None:
-    """Token ids ``[batch, pos]`` of an integer dtype in ``[0, d_vocab)``, else ValueError/TypeError."""
+def check_tokens(tokens: object, d_vocab: int, *, min_pos: int = 1) -> None:
+    """Token ids ``[batch, pos]`` of an integer dtype in ``[0, d_vocab)``, with at least ``min_pos`` positions."""
     if not isinstance(tokens, Tensor):
-        raise AttnlabTypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+        raise AttnlabTypeError(f"tokens must be a torch.Tensor of token ids [batch, pos], got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise AttnlabError(f"tokens have dtype {tokens.dtype}: expected an integer dtype (token ids)")
+        raise AttnlabError(f"tokens have dtype {tokens.dtype}: expected an integer dtype (token ids, e.g. torch.long)")
     if tokens.ndim != 2:
-        raise AttnlabError(f"tokens have shape {tuple(tokens.shape)}: expected 2-D [batch, pos]")
-    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
-        raise AttnlabError(f"tokens have shape {tuple(tokens.shape)}: "
-                           "expected at least one sequence and one position")
+        raise AttnlabError(f"tokens have shape {tuple(tokens.shape)} (rank {tokens.ndim}): expected rank 2 "
+                           f"[batch, pos]")
+    if tokens.shape[0] < 1 or tokens.shape[1] < min_pos:
+        raise AttnlabError(f"tokens have shape {tuple(tokens.shape)}: expected at least 1 sequence and {min_pos} "
+                           f"position(s)")
     if torch.compiler.is_compiling():
         return  # value checks force a host sync and a graph break; eager calls check them
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= d_vocab:
-        bad = lo if lo < 0 else hi
-        raise AttnlabError(f"token id {bad} is out of range: expected ids in [0, {d_vocab}) (d_vocab)")
+        raise AttnlabError(f"token id {lo if lo < 0 else hi} is out of range: expected ids in [0, {d_vocab}) "
+                           f"(d_vocab)")
 
-def check_mask(attention_mask: object, batch: int, pos: int) -> Optional[Bool[Tensor, "batch pos"]]:
-    """``None`` or a bool ``[batch, pos]`` mask (1 real, 0 padding), from bool or integer 0/1."""
-    if attention_mask is None:
+
+def check_mask(mask: object, batch: int, pos: int, *, name: str = "attention_mask"
+               ) -> Optional[Bool[Tensor, "batch pos"]]:
+    """``None`` or a bool ``[batch, pos]`` mask, from bool or integer 0/1 (``attention_mask``: 1 real, 0 padding)."""
+    if mask is None:
         return None
-    if not isinstance(attention_mask, Tensor):
-        raise AttnlabTypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
-    if attention_mask.shape != (batch, pos):
-        raise AttnlabError(f"attention_mask has shape {tuple(attention_mask.shape)}: expected "
-                           f"[batch, pos] = {(batch, pos)}")
-    if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
-        raise AttnlabError(f"attention_mask has dtype {attention_mask.dtype}: expected bool or integer 0/1")
-    if attention_mask.dtype != torch.bool:
-        if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-            raise AttnlabError("attention_mask has values other than 0 and 1: "
-                               "expected 1 for real tokens, 0 for padding")
-        attention_mask = attention_mask.bool()
-    return attention_mask
+    if not isinstance(mask, Tensor):
+        raise AttnlabTypeError(f"{name} must be a torch.Tensor [batch, pos] = {(batch, pos)}, got "
+                               f"{type(mask).__name__}")
+    if tuple(mask.shape) != (batch, pos):
+        raise AttnlabError(f"{name} has shape {tuple(mask.shape)}: expected [batch, pos] = {(batch, pos)}, the "
+                           f"shape of tokens")
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise AttnlabError(f"{name} has dtype {mask.dtype}: expected bool or integer 0/1")
+    if mask.dtype != torch.bool:
+        bad = mask[(mask != 0) & (mask != 1)]
+        if bad.numel():
+            raise AttnlabError(f"{name} holds the value {int(bad[0])}: expected only 0 and 1")
+        mask = mask.bool()
+    return mask
+
 
 def check_offset(position_offset: object) -> int:
     """A position offset: an integer >= 0."""
     return check_int("position_offset", position_offset, 0)
+
+
+def check_inputs(tokens: object, attention_mask: object, position_offset: object, d_vocab: int
+                 ) -> tuple[Int[Tensor, "batch pos"], Optional[Bool[Tensor, "batch pos"]], int]:
+    """The protocol forward's three arguments checked: ``(tokens, bool mask or None, offset)``."""
+    offset = check_offset(position_offset)
+    check_tokens(tokens, d_vocab)
+    ids = cast(Tensor, tokens)  # check_tokens raised for anything else
+    return ids, check_mask(attention_mask, *ids.shape), offset
+
+
+def check_table_positions(positions: Int[Tensor, "*batch"], n_ctx: int, detail: str = "") -> None:
+    """Positions that read a learned table of ``n_ctx`` rows are < n_ctx (``detail`` says where they came from)."""
+    last = int(positions.max())
+    if last >= n_ctx:
+        raise AttnlabError(f"position {last}{detail} is past the learned position table: expected positions "
+                           f"< n_ctx={n_ctx}")

@@ -1,6 +1,6 @@
 """The pieces of a block: normalization, attention, MLP. Shapes use the legend in harness/model/transformer.py.
 
-Idle hook points are skipped without a module call (:func:`hook`), so an unhooked
+Idle hook points are skipped without a module call (:func:`harness.model.hooks.hook`), so an unhooked
 forward costs what a plain PyTorch model costs; a hook on ``hook_attn_scores`` or
 ``hook_pattern`` switches that layer from ``scaled_dot_product_attention`` to the
 explicit softmax path, which materializes the pattern.
@@ -20,18 +20,9 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from harness.model.config import ModelConfig
+from harness.model.hooks import active, hook
 from harness.model.kv_cache import KVCacheEntry
 from harness.model.positions import apply_rotary
-
-
-def active(hp: HookPoint) -> bool:
-    """Whether a hook point has any forward or backward hook attached."""
-    return bool(hp._forward_hooks) or bool(hp._backward_hooks)
-
-
-def hook(hp: HookPoint, x: Tensor) -> Tensor:
-    """Run ``x`` through ``hp`` only when something is attached (nn.Module.__call__ is not free)."""
-    return hp(x) if (hp._forward_hooks or hp._backward_hooks) else x
 
 
 @dataclass

@@ -10,12 +10,27 @@ Every function takes an integer tensor ``positions`` of any shape (usually
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from harness.errors import AttnlabError
+
+
+def mask_positions(real: Optional[Tensor], offset: int, length: int, device: torch.device
+                   ) -> Int[Tensor, "batch pos"]:
+    """The protocol's positions: ``offset`` plus the number of real tokens before each token.
+
+    ``real`` is the bool or 0/1 mask ``[batch, length]`` (None: every token real, which gives
+    ``[1, length]``). Left padding therefore does not move a sequence's positions; a padding
+    token's own position is not defined by the protocol (this gives it 0 before the first real
+    token). The model, the Hugging Face adapter and the bridge adapter all number tokens with it.
+    """
+    if real is None:
+        return torch.arange(offset, offset + length, device=device)[None]
+    return offset + (real.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def sinusoidal_table(positions: Int[Tensor, "*batch"], d_model: int, base: float = 10000.0,

@@ -29,10 +29,10 @@ from harness._checks import check_int
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import DTYPES, ModelConfig
 from harness.model.generate import generate as _generate
-from harness.model.inputs import check_mask, check_offset, check_tokens
+from harness.model.inputs import check_mask, check_offset, check_table_positions, check_tokens
 from harness.model.kv_cache import KVCache
 from harness.model.layers import AttnContext, Block, Norm, hook
-from harness.model.positions import alibi_bias, alibi_slopes, rotary_cos_sin, sinusoidal_table
+from harness.model.positions import alibi_bias, alibi_slopes, mask_positions, rotary_cos_sin, sinusoidal_table
 
 # ModelConfig.dtype's names (harness.model.config.DTYPES, a tuple) to torch dtypes.
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
@@ -145,14 +145,10 @@ class Transformer(HookedRootModule):
             key_mask = cache.key_mask(mask, batch, q, device)
         elif mask is not None:
             key_mask = mask
-        if key_mask is None:
-            k_pos = torch.arange(offset, offset + past + q, device=device)[None]
-        else:
-            k_pos = offset + (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+        k_pos = mask_positions(key_mask, offset, past + q, device)
         q_pos = k_pos[:, past:]
-        if self.pos_type == "standard" and not torch.compiler.is_compiling() and int(q_pos.max()) >= cfg.n_ctx:
-            raise AttnlabError(f"position {int(q_pos.max())} (position_offset={offset}, {past} cached) is past the "
-                               f"learned position table: expected positions < n_ctx={cfg.n_ctx}")
+        if self.pos_type == "standard" and not torch.compiler.is_compiling():
+            check_table_positions(q_pos, cfg.n_ctx, f" (position_offset={offset}, {past} cached)")
         causal = cfg.attention_dir == "causal"
         allowed = None
         if key_mask is not None or (causal and past > 0 and q > 1) or self.pos_type == "alibi":

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from harness._checks import check_bool, check_choice, check_int, check_number, check_seed, invalid
+from harness.errors import AttnlabError
 from harness.model.config import BOOL_WORDING, _JSONMixin
-from harness.training.distill import DEFAULT_ALPHA, DEFAULT_TEMPERATURE
-from harness.training.distill import check_fields as check_heal_fields
+from harness.model.head_mask import normalize_head_mask
 from harness.training.tasks import check_options
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "noam", "warmup_cosine", "warmup_linear")
 DEVICES = ("auto", "cpu", "cuda")
+# Hinton et al. 2015 soften both distributions with T; alpha weighs the soft term (harness.training.distill)
+DEFAULT_TEMPERATURE, DEFAULT_ALPHA = 2.0, 0.5
 
 # Fields a resumed run may change: they set how long the run goes and what it reports,
 # not what a step computes. (A longer ``steps`` also stretches a decaying schedule.)
@@ -118,7 +121,7 @@ class TrainConfig(_JSONMixin):
         check_bool("compile", self.compile, expected=BOOL_WORDING)
         check_bool("amp", self.amp, expected=BOOL_WORDING)
         object.__setattr__(self, "head_mask",
-                           check_heal_fields(self.head_mask, self.distill_from, self.temperature, self.alpha))
+                           _check_heal_fields(self.head_mask, self.distill_from, self.temperature, self.alpha))
         if self.distill_from is not None:
             object.__setattr__(self, "distill_from", str(self.distill_from))
 
@@ -129,3 +132,22 @@ class TrainConfig(_JSONMixin):
     def differences(self, other: TrainConfig) -> list[str]:
         """Names of the fields whose values differ from ``other``'s."""
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+def _check_heal_fields(head_mask: Any, distill_from: Any, temperature: Any, alpha: Any) -> Any:
+    """Validate TrainConfig's prune-and-heal fields; returns ``head_mask`` normalized (or None).
+
+    Without a teacher, ``temperature`` and ``alpha`` must keep their defaults: a value given for
+    them would otherwise be silently ignored.
+    """
+    if distill_from is not None and (not isinstance(distill_from, (str, os.PathLike)) or not str(distill_from)):
+        raise AttnlabError(f"distill_from={distill_from!r} is invalid: expected None or the path of a teacher run")
+    check_number("temperature", temperature, 0, expected="a finite number > 0")
+    check_number("alpha", alpha, 0, 1, low_inclusive=True, expected="a number in [0, 1] (1 = pure distillation)")
+    if distill_from is None:
+        for name, value, default in (("temperature", temperature, DEFAULT_TEMPERATURE),
+                                     ("alpha", alpha, DEFAULT_ALPHA)):
+            if value != default:
+                raise AttnlabError(f"{name}={value!r} is invalid without a teacher: expected distill_from "
+                                   f"(a teacher run) or the default {name}={default}")
+    return None if head_mask is None else normalize_head_mask(head_mask)

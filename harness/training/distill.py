@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from harness._checks import check_number
 from harness.errors import AttnlabError
 from harness.model.config import ModelConfig
+from harness.model.head_mask import check_head_mask_shape
+from harness.training import checkpoint as ckpt
 
 __all__ = ["soft_kl", "mixed_loss", "check_teacher"]
 
@@ -65,8 +66,6 @@ def check_teacher(distill_from: str | os.PathLike, student: ModelConfig) -> tupl
 
     Raised before any work; the message names the teacher run and the value that differs.
     """
-    from harness.training import checkpoint as ckpt
-
     path = Path(distill_from)
     if not path.is_dir():
         raise AttnlabError(f"distill_from={str(distill_from)!r} is invalid: expected a run directory "
@@ -80,34 +79,8 @@ def check_teacher(distill_from: str | os.PathLike, student: ModelConfig) -> tupl
     return teacher_cfg, teacher_train
 
 
-DEFAULT_TEMPERATURE, DEFAULT_ALPHA = 2.0, 0.5
-
-
-def check_fields(head_mask: Any, distill_from: Any, temperature: Any, alpha: Any) -> Any:
-    """Validate TrainConfig's prune-and-heal fields; returns ``head_mask`` normalized (or None).
-
-    Without a teacher, ``temperature`` and ``alpha`` must keep their defaults: a value given for
-    them would otherwise be silently ignored.
-    """
-    from harness.model.head_mask import normalize_head_mask
-
-    if distill_from is not None and (not isinstance(distill_from, (str, os.PathLike)) or not str(distill_from)):
-        raise AttnlabError(f"distill_from={distill_from!r} is invalid: expected None or the path of a teacher run")
-    check_number("temperature", temperature, 0, expected="a finite number > 0")
-    check_number("alpha", alpha, 0, 1, low_inclusive=True, expected="a number in [0, 1] (1 = pure distillation)")
-    if distill_from is None:
-        for name, value, default in (("temperature", temperature, DEFAULT_TEMPERATURE),
-                                     ("alpha", alpha, DEFAULT_ALPHA)):
-            if value != default:
-                raise AttnlabError(f"{name}={value!r} is invalid without a teacher: expected distill_from "
-                                   f"(a teacher run) or the default {name}={default}")
-    return None if head_mask is None else normalize_head_mask(head_mask)
-
-
 def check_against_model(train_cfg: Any, model_cfg: ModelConfig) -> None:
     """The checks that need the student's architecture, run by ``train`` before any work."""
-    from harness.model.head_mask import check_head_mask_shape
-
     if train_cfg.head_mask is not None:
         check_head_mask_shape(train_cfg.head_mask, model_cfg.n_layers, model_cfg.n_heads)
     if train_cfg.distill_from is not None:
@@ -118,9 +91,7 @@ class Teacher:
     """The frozen teacher of a distillation run: its logits on the student's batch, without gradients."""
 
     def __init__(self, run_dir: str, device: torch.device):
-        from harness.training.checkpoint import load_run
-
-        self.model = load_run(run_dir, device=device).eval()
+        self.model = ckpt.load_run(run_dir, device=device).eval()
         self.model.requires_grad_(False)
 
     @torch.no_grad()

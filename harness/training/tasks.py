@@ -24,6 +24,7 @@ from torch import Tensor
 
 from harness._checks import check_bool, check_int, check_number, check_positive_int
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.training.text_corpus import load_corpus
 
 SPLITS = ("train", "val")
 
@@ -260,15 +261,13 @@ class Markov(Task):
 
 
 class Text(Task):
-    """Byte-level language modelling; see :mod:`harness.text_corpus` for the corpus and split."""
+    """Byte-level language modelling; see :mod:`harness.training.text_corpus` for the corpus and split."""
 
     name = "text"
     default_seq_len = 128
     options = {"paths": None, "val_fraction": 0.1, "max_bytes": None}
 
     def __init__(self, d_vocab, n_ctx, seq_len=None, options=None):
-        from harness.training.text_corpus import load_corpus
-
         super().__init__(d_vocab, n_ctx, seq_len, options)
         if d_vocab != 256:
             raise AttnlabError(f"task 'text' is byte-level: expected d_vocab=256, the model has d_vocab={d_vocab}")

@@ -1,0 +1,91 @@
+"""The design facts a model may declare in its ``cfg``, documented once: what the property checks follow.
+
+docs/architecture.md: besides the protocol fields a ``cfg`` may declare where the model departs from
+the textbook attention of Vaswani et al. 2017. :class:`DesignFacts` names every such field with its
+textbook default; :class:`AdapterConfig` is the ``cfg`` both adapters build (``HFAdapter`` reads the
+facts off a Hugging Face model's config and modules, ``BridgeAdapter`` off the model inside a
+TransformerLens bridge), so the two declare the same fields the same way. The checks
+(``properties.checks``) read these attribute names from any ``model.cfg`` with ``getattr`` and a
+default, so a user's own model declares a fact by having the attribute.
+
+A field left at ``None`` is *not declared*: a check takes the textbook value, or reports itself
+unobservable where it cannot compare without knowing (e.g. the rotary layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True, kw_only=True)
+class DesignFacts:
+    """Where a model's attention departs from the textbook; every field optional, defaults textbook."""
+
+    # The factor hook_q . hook_k is multiplied by before the softmax (every layer). Textbook
+    # 1/sqrt(d_head) (Vaswani et al. 2017 §3.2.1); Gemma 2 query_pre_attn_scalar**-0.5, GPT-Neo 1.
+    attn_scale: Optional[float] = None
+    # The same factor per layer; wins over attn_scale (GPT-2's scale_attn_by_inverse_layer_idx divides
+    # layer l's by l + 1).
+    attn_scales: Optional[tuple[float, ...]] = None
+    # Scores -> cap * tanh(scores / cap) before the mask (Gemma 2). Textbook: no cap (None).
+    attn_softcap: Optional[float] = None
+    # Per layer, None = global attention: a causal query i sees keys j with i - j < w (transformers'
+    # sliding_window_overlay), a bidirectional one |i - j| <= w (Longformer, Beltagy et al. 2020;
+    # Mistral, Jiang et al. 2023). Textbook: every layer global.
+    sliding_window: Optional[tuple[Optional[int], ...]] = None
+    # Dimensions of each head that rotate (partial rotary, GPT-NeoX's rotary_pct, GPT-J's rotary_dim).
+    # Textbook: all of d_head (Su et al. 2021).
+    rotary_dim: Optional[int] = None
+    # Which dimensions pair up in a rotation: "half" pairs (i, i + r/2) (rotate_half: GPT-NeoX, Llama),
+    # "interleaved" pairs (2i, 2i + 1) (Su et al. 2021 eq. 34; GPT-J, RoFormer).
+    rotary_style: Optional[str] = None
+    # The RoPE base theta: angle of pair i at position p is p * theta**(-2i/r). Textbook 10000 (Su et al.).
+    rotary_base: Optional[float] = None
+    # transformers' rope_parameters["rope_type"]: "default" is plain RoPE; "linear", "dynamic", "yarn",
+    # "llama3" ... rescale the angles (a check of plain rotation angles does not apply to them).
+    rope_type: Optional[str] = None
+    # q and k are normalised per head between hook_q/hook_k and the rotation (Qwen3, OLMo 2, Gemma 3).
+    qk_norm: bool = False
+    # "relative": bias -m_h |i - j| (Press et al. 2022); "absolute_key": m_h * j (Bloom's
+    # build_alibi_tensor, Falcon, MPT). They differ by a per-query constant softmax cannot see.
+    alibi_style: Optional[str] = None
+    # The per-head ALiBi slopes; textbook the geometric sequence of Press et al. 2022 §3
+    # (harness.model.positions.alibi_slopes).
+    alibi_slopes: Optional[tuple[float, ...]] = None
+    # The row of the learned position table that position 0 reads (OPT 2, RoBERTa padding_idx + 1);
+    # the adapter applies it, no check reads it. Textbook 0.
+    pos_offset: int = 0
+    # A factor the model multiplies q by before its attention function, which it then calls with
+    # scaling=1.0 (OPT, "to follow the original implementation"): hook_q is then the scaled q, and
+    # attn_scales is 1.0. None where the scale is applied to q.k.
+    query_prescale: Optional[float] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterConfig(DesignFacts):
+    """An adapter's ``cfg``: the protocol fields (docs/architecture.md), what it read of the model, its design."""
+
+    n_layers: int
+    n_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    positional_embedding_type: str  # one of harness.model.protocol_facts.POSITIONAL_TYPES
+    attention_dir: str  # one of harness.model.protocol_facts.ATTENTION_DIRS
+    adapter: str  # "HFAdapter" / "BridgeAdapter"
+    n_key_value_heads: Optional[int] = None  # < n_heads: grouped-query attention (Ainslie et al. 2023)
+    normalization_type: Optional[str] = None  # "LN" / "RMS", as TransformerLens names them
+    arch: Optional[str] = None  # the Hugging Face config's model_type
+    device: Optional[str] = None  # where the parameters were when the adapter was built (TransformerLens reads it)
+
+    @property
+    def alibi(self) -> bool:
+        return self.positional_embedding_type == "alibi"
+
+
+def design_facts(cfg: Any) -> dict[str, Any]:
+    """The :class:`DesignFacts` fields of ``cfg`` (a DesignFacts or any object with those attributes)."""
+    return {f.name: getattr(cfg, f.name, f.default) for f in dataclasses.fields(DesignFacts)}
