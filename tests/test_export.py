@@ -20,6 +20,7 @@ from harness import ModelConfig, Transformer
 from harness.model.convert import check_exportable, from_hf, to_hf
 from harness.model.head_mask import apply_head_mask
 from harness.training.presets import preset
+from tests.helpers.perturb import perturb_vectors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,13 +48,7 @@ EXACT = sorted(c for c in CASES if c.startswith("gpt2"))
 
 
 def model_for(case: str, seed: int = 0) -> Transformer:
-    model = Transformer(ModelConfig(**BASE, **CASES[case], seed=seed))
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn(p.shape, generator=gen))
-    return model.eval()
+    return perturb_vectors(Transformer(ModelConfig(**BASE, **CASES[case], seed=seed)), seed + 1)
 
 
 def tokens(batch: int = 3, pos: int = 17) -> torch.Tensor:

@@ -27,6 +27,7 @@ from transformers import (  # noqa: E402
 )
 
 from harness.model.convert import SUPPORTED, from_hf  # noqa: E402
+from tests.helpers.perturb import perturb_vectors  # noqa: E402
 
 ATOL, RTOL = 1e-4, 0.0  # see the module docstring
 VOCAB, SEQ = 100, 12
@@ -38,7 +39,7 @@ def gpt2(seed: int = 0, **overrides) -> GPT2LMHeadModel:
               attn_implementation="eager", **NO_SPECIAL)
     kw.update(overrides)
     torch.manual_seed(seed)
-    return _perturb(GPT2LMHeadModel(GPT2Config(**kw)), seed)
+    return perturb_vectors(GPT2LMHeadModel(GPT2Config(**kw)), seed + 1)
 
 
 def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
@@ -47,17 +48,7 @@ def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
               attention_bias=True, attn_implementation="eager", **NO_SPECIAL)
     kw.update(overrides)
     torch.manual_seed(seed)
-    return _perturb(LlamaForCausalLM(LlamaConfig(**kw)), seed)
-
-
-def _perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Move norm gains off 1 and biases off 0 (HF initializes them to exactly 1 and 0)."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn(p.shape, generator=gen))
-    return model.eval()
+    return perturb_vectors(LlamaForCausalLM(LlamaConfig(**kw)), seed + 1)
 
 
 CASES = {
