@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import copy
 import inspect
+from types import SimpleNamespace
 
 import pytest
 import torch
 import transformers as tr
 
-from harness.adapters import HFAdapter, adapt, check_protocol
+from harness.adapters import BridgeAdapter, DesignFacts, HFAdapter, adapt, check_protocol
 from harness.adapters import hf_attention as attention
+from harness.adapters.design_facts import design_facts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 64
@@ -250,3 +252,29 @@ def test_bad_models_get_one_error():
     model.model.layers[0].mlp.forward = broken
     with pytest.raises(ValueError, match="raised RuntimeError on a plain 2-token input: user bug"):
         HFAdapter(model)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_both_adapters_declare_the_same_design_facts(arch):
+    """One DesignFacts, filled by both adapters from the same reader: the bridge declares what HFAdapter does."""
+    hf = HFAdapter(build(arch)).cfg
+    bridge = BridgeAdapter.from_hf(build(arch)).cfg
+    assert isinstance(hf, DesignFacts) and isinstance(bridge, DesignFacts)
+    assert (hf.adapter, bridge.adapter) == ("HFAdapter", "BridgeAdapter")
+    assert design_facts(bridge) == design_facts(hf)
+    assert hf.rope_type == ("default" if arch == "llama" else None)
+
+
+def test_the_bridge_folds_a_query_prescale_into_its_scale():
+    # OPT multiplies q_proj(x) by d_head**-0.5 before attention: HFAdapter's hook_q is already scaled (scale 1),
+    # a bridge's hook_q is the raw projection, so the whole scale is the factor on it
+    hf = HFAdapter(build("opt")).cfg
+    assert hf.attn_scales == (1.0, 1.0) and hf.query_prescale == pytest.approx(8 ** -0.5)
+    bridge_cfg = SimpleNamespace(n_layers=2, n_heads=4, d_head=8, d_model=32, d_vocab=V, n_ctx=64,
+                                 positional_embedding_type="standard", attention_dir="causal")
+    folded = BridgeAdapter._read_cfg(bridge_cfg, hf)
+    assert folded.attn_scales == pytest.approx((8 ** -0.5,) * 2) and folded.attn_scale == pytest.approx(8 ** -0.5)
+    assert folded.query_prescale is None
+    expected = {**design_facts(hf), "attn_scale": folded.attn_scale, "attn_scales": folded.attn_scales,
+                "query_prescale": None}
+    assert design_facts(folded) == expected  # every other fact as HFAdapter read it
