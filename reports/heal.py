@@ -62,8 +62,10 @@ def _check_fractions(fractions: Any, n_heads: int) -> tuple[float, ...]:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 < f < 1:
             raise AttnlabError(f"prune_fraction={f!r} is invalid: expected a number in (0, 1)")
         if round(f * n_heads) >= n_heads:
+            # round() halves to even: f * n_heads = n_heads - 0.5 keeps a head only when n_heads - 1 is even
+            bound = "at most" if (n_heads - 1) % 2 == 0 else "less than"
             raise AttnlabError(f"prune_fraction={f!r} is invalid: it prunes all {n_heads} heads "
-                               f"(rounded to whole heads): expected at most {(n_heads - 0.5) / n_heads:.3f}")
+                               f"(rounded to whole heads): expected {bound} {(n_heads - 0.5) / n_heads:.3f}")
     return tuple(sorted(set(float(f) for f in fractions)))
 
 

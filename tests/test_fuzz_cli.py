@@ -5,6 +5,10 @@ the wrong type, an unknown choice, a contradiction between options, an unknown o
 that is missing, a file, or no run. Each must end as one line on stderr naming the bad value,
 exit code 2, no traceback, and nothing written (the folders involved are snapshotted before and
 compared after). Cases are counted by :mod:`tests.fuzz_helpers`.
+
+The other path is proved too: an exception that is not bad input (a TypeError, KeyError or plain
+ValueError raised inside a stage, as a bug of ours would) is a traceback, exit code 1 and one last
+line saying it is a bug and how to report it, never the one-line exit 2 of a user's mistake.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import ModelConfig, TrainConfig, train
+from harness.errors import AttnlabError
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
 from harness.training.config import OPTIMIZERS, SCHEDULES
 from harness.training.presets import PRESETS
@@ -215,11 +220,24 @@ def comma_ints_bad(minimum: int):
     )
 
 
+def fractions_bad():
+    """--prune-fraction values that must be refused: not numbers, outside (0, 1), or pruning every head."""
+    return st.one_of(st.sampled_from(["", ",", "a", "0", "1", "0.5,1", "-0.25", "nan", "inf", "0.99", "0.9"]),
+                     st.floats(min_value=1.0, allow_nan=False, allow_infinity=False).map(repr),
+                     st.floats(max_value=0.0, allow_nan=False, allow_infinity=False).map(repr))
+
+
 RUN_OPTIONS = {
     "check": {"--seed": bad_int(0), "--max-examples": bad_int(1)},
     "probe": {"--sequences": bad_int(1), "--top-k": bad_int(1), "--seeds": comma_ints_bad(0),
               "--tolerance": st.one_of(floats_outside(0.0, 1.0, high_ok=False), st.just("1"))},
+    # heal refuses before its first healing run; the run (2 heads) must be untouched
+    "heal": {"--steps": bad_int(1), "--seeds": comma_ints_bad(0), "--prune-fraction": fractions_bad(),
+             "--temperature": floats_outside(0.0), "--alpha": floats_outside(0.0, 1.0, low_ok=True),
+             "--lr": floats_outside(0.0)},
 }
+# the message names the option, or the field it sets (heal's --prune-fraction is prune_fraction=...)
+FIELDS = {"--prune-fraction": "prune_fraction"}
 
 
 @st.composite
@@ -230,14 +248,17 @@ def bad_run_options(draw):
     return command, option, raw
 
 
-@fuzz_settings(80)
+@fuzz_settings(120)
 @given(bad_run_options())
 def test_check_and_probe_refuse_bad_options_and_write_nothing(run_dir, case):
     command, option, raw = case
     before = snapshot(run_dir)
-    result = invoke([command, str(run_dir), f"{option}={raw}", "--no-progress"])
-    field = option.lstrip("-").replace("-", "_")
-    cli_error(result, option, f"{field}=", value=as_named(raw) if option == "--seeds" else raw)
+    # the fuzz run has 2 heads: heal's default fractions include 0.75, which would prune both
+    fit = ["--prune-fraction", "0.5"] if command == "heal" and option != "--prune-fraction" else []
+    result = invoke([command, str(run_dir), *fit, f"{option}={raw}", "--no-progress"])
+    field = FIELDS.get(option, option.lstrip("-").replace("-", "_"))
+    value = as_named(raw) if option == "--seeds" else None if option == "--prune-fraction" else raw
+    cli_error(result, option, f"{field}=", **({} if value is None else {"value": value}))
     assert snapshot(run_dir) == before
 
 
@@ -311,3 +332,67 @@ def test_every_option_of_train_is_fuzzed():
     covered = set(OPTIONS) | set(FLAGS) | {"--out", "--help", "--progress", "--no-progress"}
     flags = {opt for p in command.params if getattr(p, "is_flag", False) for opt in p.opts + p.secondary_opts}
     assert options - covered - flags == set(), options - covered - flags
+
+
+# --- export: a file where the folder goes ---------------------------------------------------------------
+@fuzz_settings(20)
+@given(st.sampled_from(["a-file", "a-file/sub", "a-file/sub/hf"]))
+def test_export_out_under_a_file_is_refused(path_cases, run_dir, where):
+    before, run_before = snapshot(path_cases), snapshot(run_dir)
+    err = cli_error(invoke(["export", str(run_dir), "--out", str(path_cases / where)]), "a-file")
+    assert "file" in err.lower() or "directory" in err.lower()
+    assert snapshot(path_cases) == before and snapshot(run_dir) == run_before
+
+
+# --- a bug of ours is not bad input: traceback, exit 1, how to report it -------------------------------------
+# command line -> (the module holding the function it calls, that function's name there)
+STAGE_CALLS = {
+    "train": (["train", "--out", "{tmp}/run", *BASE], "reports.pipeline", "train"),
+    "check": (["check", "{run}", "--no-progress"], "reports.pipeline", "check"),
+    "probe": (["probe", "{run}", "--no-progress"], "reports.pipeline", "probe"),
+    "saturation": (["saturation", "--out", "{tmp}/sat", "--no-progress"], "reports.pipeline", "saturation"),
+    "report": (["report", "{run}"], "reports.pipeline", "report"),
+    "export": (["export", "{run}", "--out", "{tmp}/hf"], "reports.pipeline", "export"),
+    "heal": (["heal", "{run}", "--no-progress"], "reports.cli", "run_heal"),
+    "demo": (["demo", "--out", "{tmp}/demo", *BASE], "reports.pipeline", "demo"),
+}
+BUGS = {"TypeError": TypeError, "KeyError": KeyError, "ValueError": ValueError, "AttributeError": AttributeError,
+        "IndexError": IndexError}
+
+
+@fuzz_settings(40)
+@given(command=st.sampled_from(sorted(STAGE_CALLS)), bug=st.sampled_from(sorted(BUGS)),
+       detail=st.text(alphabet="abcxyz _'=0123", min_size=1, max_size=12))
+def test_an_internal_bug_is_a_traceback_and_exit_1_not_bad_input(run_dir, tmp_path_factory, command, bug, detail):
+    args, module, name = STAGE_CALLS[command]
+    tmp = tmp_path_factory.getbasetemp() / f"fuzz-bug{next(_IDS)}"
+    args = [a.format(tmp=tmp, run=run_dir) for a in args]
+
+    def broken(*_args, **_kwargs):
+        raise BUGS[bug](detail)  # a plain built-in exception from inside a stage: never the user's fault
+
+    before = snapshot(run_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(f"{module}.{name}", broken)
+        result = invoke(args)
+    err = result.stderr.strip()
+    assert result.exit_code == 1, (command, bug, result.exit_code, err)
+    assert "Traceback (most recent call last)" in err and "in broken\n    raise BUGS[bug](detail)" in err, err
+    last = err.splitlines()[-1]
+    assert last.startswith(f"attnlab: internal error: {bug}: ") and "this is a bug in attnlab" in last, last
+    assert "please report it" in last, last
+    assert snapshot(run_dir) == before
+
+
+def test_bad_input_and_a_bug_with_the_same_message_end_differently(run_dir, monkeypatch):
+    """The exit code follows the exception's class, not its wording: AttnlabError is the user's, ValueError ours."""
+    def raising(exc):
+        def stage(*_args, **_kwargs):
+            raise exc("max_examples=0 is invalid: expected an integer >= 1")
+        return stage
+
+    monkeypatch.setattr("reports.pipeline.check", raising(AttnlabError))
+    cli_error(invoke(["check", str(run_dir)]), "max_examples=0")
+    monkeypatch.setattr("reports.pipeline.check", raising(ValueError))
+    result = invoke(["check", str(run_dir)])
+    assert result.exit_code == 1 and "Traceback" in result.stderr, result.stderr

@@ -67,6 +67,8 @@ def test_heal_writes_runs_the_report_shows(run, tmp_path):
     (["--prune-fraction", "1.0"], ["prune_fraction=1.0", "(0, 1)"]),
     (["--prune-fraction", "0"], ["prune_fraction=0.0"]),
     (["--prune-fraction", "0.9"], ["prune_fraction=0.9", "prunes all 4 heads"]),
+    # 0.875 * 4 = 3.5 rounds (half to even) to 4: the bound itself is refused, and the message says so
+    (["--prune-fraction", "0.875"], ["prune_fraction=0.875", "expected less than 0.875"]),
     (["--temperature", "0"], ["temperature=0.0"]),
     (["--alpha", "1.5"], ["alpha=1.5"]),
     (["--steps", "0"], ["--steps"]),
