@@ -23,6 +23,7 @@ from reports.defaults import comma
 from reports.heal import heal as run_heal
 from reports.options import (
     BENCH_MODES,
+    OutDir,
     comma_floats,
     comma_ints,
     model_and_train_configs,
@@ -119,7 +120,7 @@ def _run_dir_arg(f):
 
 def _external_opts(f):
     """--hf / --model / --out: another model than a trained run (see reports.external.resolve for the rule)."""
-    f = click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=str),
+    f = click.option("--out", "out", default=None, type=OutDir(file_okay=False),
                      help="Run directory for --hf/--model results (not one holding a trained run).")(f)
     f = click.option("--model", "factory", default=None, metavar="MODULE:CALLABLE",
                      help="Your own factory (imported from the current folder) returning a protocol model, a "
@@ -135,7 +136,7 @@ def _progress_opt(f):
 
 
 @cli.command(short_help="Train a model into a run directory.")
-@click.option("--out", "run_dir", required=True, type=click.Path(path_type=str),
+@click.option("--out", "run_dir", required=True, type=OutDir(),
               help="Run directory to create (checkpoint/, metrics.csv).")
 @preset_option
 @model_options
@@ -236,7 +237,7 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
 
 
 @cli.command(short_help="Softmax-saturation sweep -> CSV + figure.")
-@click.option("--out", "out_dir", default=defaults.SATURATION_OUT, show_default=True, type=click.Path(path_type=str),
+@click.option("--out", "out_dir", default=defaults.SATURATION_OUT, show_default=True, type=OutDir(),
               help="Folder for saturation.csv and figures/saturation.png (a run directory puts it in its report).")
 @click.option("--d-heads", type=comma_ints, default=comma(defaults.SATURATION_D_HEADS), show_default=True,
               help="Head widths to sweep.")
@@ -262,7 +263,7 @@ def report(run_dir: str) -> None:
 
 
 @cli.command(short_help="Train, check, probe, sweep, report: the whole tour.")
-@click.option("--out", "out_dir", default=defaults.DEMO_OUT, show_default=True, type=click.Path(path_type=str),
+@click.option("--out", "out_dir", default=defaults.DEMO_OUT, show_default=True, type=OutDir(),
               help="Run directory for the demo.")
 @preset_option
 @model_options
@@ -327,7 +328,7 @@ def demo(out_dir: str, preset_name: Optional[str], overwrite: bool, max_examples
 @click.option("--lr", type=float, default=None, help="Healing peak lr (default: the run's lr x 0.3).")
 @click.option("--seeds", type=comma_ints, default=comma(defaults.HEAL_SEEDS), show_default=True,
               help="Seeds of the random prune orders healed as the baseline.")
-@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=str),
+@click.option("--out", "out_dir", default=None, type=OutDir(file_okay=False),
               help=f"Folder for the healed runs (default RUN_DIR/{defaults.HEAL_DIR}).")
 @_progress_opt
 def heal(run_dir: str, fractions: tuple[float, ...], steps: int, temperature: float, alpha: float,
@@ -345,7 +346,7 @@ def heal(run_dir: str, fractions: tuple[float, ...], steps: int, temperature: fl
 
 @cli.command(short_help="Export a run as a Hugging Face model.")
 @_run_dir_arg
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=str),
+@click.option("--out", "out_dir", required=True, type=OutDir(),
               help="Folder for the save_pretrained output (config.json, model.safetensors).")
 def export(run_dir: str, out_dir: str) -> None:
     """Write the run's model as GPT2LMHeadModel or LlamaForCausalLM save_pretrained output (safetensors).

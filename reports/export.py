@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from transformers.utils import logging as hf_logging
+
 import harness
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.convert import to_hf
@@ -29,5 +31,11 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target:
         raise AttnlabError(f"export directory {out} is a file: expected a folder")
     hf = to_hf(harness.load_run(path), target=target)  # an unmappable config fails here, before any write
     prepare_run_dir(out)  # a read-only or full disk fails before the weights are written
-    hf.save_pretrained(out, safe_serialization=True)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for a write of a fraction of a second, printed even under --no-progress
+    try:
+        hf.save_pretrained(out, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     return hf

@@ -130,6 +130,18 @@ class CommaFloats(click.ParamType):
         return out
 
 
+class OutDir(click.Path):
+    """A folder to write into: a path, never empty (``--out ''`` would silently mean the current folder)."""
+
+    def __init__(self, file_okay: bool = True) -> None:
+        super().__init__(file_okay=file_okay, path_type=str)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} is empty: expected a folder to write into", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 comma_ints = CommaInts()
 comma_floats = CommaFloats()
 NORM_CHOICES = {"LN": "LN", "RMS": "RMS", "none": None}

@@ -396,3 +396,19 @@ def test_bad_input_and_a_bug_with_the_same_message_end_differently(run_dir, monk
     monkeypatch.setattr("reports.pipeline.check", raising(ValueError))
     result = invoke(["check", str(run_dir)])
     assert result.exit_code == 1 and "Traceback" in result.stderr, result.stderr
+
+
+@fuzz_settings(30)
+@given(command=st.sampled_from(["train", "saturation", "demo", "export", "heal", "check-hf"]),
+       blank=st.sampled_from(["", " ", "\t", "  \n"]))
+def test_an_empty_out_is_refused_not_read_as_the_current_folder(run_dir, tmp_path_factory, command, blank):
+    cwd = tmp_path_factory.getbasetemp() / f"fuzz-cwd{next(_IDS)}"
+    cwd.mkdir()
+    args = {"train": ["train", "--out", blank, *BASE], "saturation": ["saturation", "--out", blank],
+            "demo": ["demo", "--out", blank, *BASE], "export": ["export", str(run_dir), "--out", blank],
+            "heal": ["heal", str(run_dir), "--out", blank],
+            "check-hf": ["check", "--hf", str(run_dir), "--out", blank]}[command]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        cli_error(invoke(args), "--out", "is empty")
+    assert snapshot(cwd) == {"./": ""}
