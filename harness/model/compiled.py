@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from harness.errors import AttnlabTypeError
+from harness.model.hooks import active
 
 __all__ = ["HookAwareCompiled"]
 
@@ -40,7 +41,7 @@ class HookAwareCompiled(nn.Module):
         object.__setattr__(self, "_compiled", torch.compile(model, **compile_kwargs))
 
     def hooked(self) -> bool:
-        return any(hp._forward_hooks or hp._backward_hooks for hp in self._points)
+        return any(active(hp) for hp in self._points)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.hooked():
