@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import probes
-from probes.compare import ESTIMATORS
 from harness import ModelConfig, Transformer
+from probes.compare import ESTIMATORS
 from reports.bench.reference import naive_head_ablation as naive_loop
 from tests.bench.common import FULL, report
 
