@@ -14,7 +14,8 @@ Llama models go through TransformerLens's ``TransformerBridge`` and :class:`Brid
 
 from typing import Any
 
-from harness.adapters.bridge import BridgeAdapter, ProtocolConfig
+from harness.adapters.bridge import BridgeAdapter
+from harness.adapters.design_facts import AdapterConfig
 from harness.adapters.function import FunctionModel
 from harness.adapters.protocol import check_protocol, observed_hooks, required_hooks
 from properties import checks as checks  # imported for its effect: every property registers itself
@@ -26,7 +27,7 @@ from properties.suite import PROPERTIES, check_model
 # The checks are exported from the registry (importing ``checks`` registered every one of them); the
 # attributes are looked up there, so a property registered later is ``properties.<name>`` at once.
 __all__ = ["check_model", "check_protocol", "observed_hooks", "required_hooks", "PROPERTIES", "PropertyResult",
-           "STATUSES", "FunctionModel", "BridgeAdapter", "ProtocolConfig", "saturation_sweep", "loglog_slope",
+           "STATUSES", "FunctionModel", "BridgeAdapter", "AdapterConfig", "saturation_sweep", "loglog_slope",
            *registry.names()]
 
 

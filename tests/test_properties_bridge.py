@@ -75,16 +75,3 @@ def test_padding_check_catches_index_positions_through_the_bridge():
     assert rows.loc["padding_outputs", "passed"] is False
     assert "left-padded" in rows.loc["padding_outputs", "counterexample"]
     assert rows.loc["padding_pattern", "passed"] is True  # the mask itself is right
-
-
-def test_adapter_refuses_bad_input():
-    adapter = BridgeAdapter.from_hf(gpt2())
-    tokens = torch.zeros(1, 4, dtype=torch.long)
-    with pytest.raises(ValueError, match="position_offset"):
-        adapter(tokens, position_offset=-1)
-    with pytest.raises(ValueError, match="attention_mask has shape"):
-        adapter(tokens, attention_mask=torch.ones(1, 3))
-    with pytest.raises(ValueError, match="n_ctx=32"):
-        adapter(tokens, position_offset=30)
-    with pytest.raises(ValueError, match="expected an integer dtype"):
-        adapter(tokens.float())

@@ -29,7 +29,7 @@ from tests.mutants.catalogue import MUTANTS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "properties.md"
 API = ["check_model", "check_protocol", "observed_hooks", "required_hooks", "PROPERTIES", "PropertyResult",
-       "STATUSES", "FunctionModel", "BridgeAdapter", "ProtocolConfig", "saturation_sweep", "loglog_slope"]
+       "STATUSES", "FunctionModel", "BridgeAdapter", "AdapterConfig", "saturation_sweep", "loglog_slope"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

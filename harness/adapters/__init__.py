@@ -4,12 +4,11 @@
 is the one checker both call, and :class:`BridgeAdapter` wraps a TransformerLens ``TransformerBridge``.
 """
 
-from harness.adapters.bridge import BridgeAdapter, ProtocolConfig
+from harness.adapters.bridge import BridgeAdapter
 from harness.adapters.design_facts import AdapterConfig, DesignFacts
 from harness.adapters.entry import adapt
 from harness.adapters.function import FunctionModel
 from harness.adapters.hf import HFAdapter
-from harness.adapters.hf_design import HFDesign
 from harness.adapters.protocol import (
     AnyModel,
     ModelCfg,
@@ -20,6 +19,6 @@ from harness.adapters.protocol import (
     required_hooks,
 )
 
-__all__ = ["AdapterConfig", "AnyModel", "BridgeAdapter", "DesignFacts", "FunctionModel", "HFAdapter", "HFDesign",
-           "ModelCfg", "ProtocolConfig", "ProtocolModel", "UnsupportedInput",
+__all__ = ["AdapterConfig", "AnyModel", "BridgeAdapter", "DesignFacts", "FunctionModel", "HFAdapter",
+           "ModelCfg", "ProtocolModel", "UnsupportedInput",
            "check_protocol", "observed_hooks", "required_hooks", "adapt"]

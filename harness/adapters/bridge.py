@@ -26,9 +26,6 @@ from harness.model.inputs import check_inputs, check_table_positions
 from harness.model.positions import mask_positions
 from harness.model.protocol_facts import ATTENTION_DIRS, POSITIONAL_TYPES
 
-# The name BridgeAdapter's cfg had before both adapters shared one config class (properties exports it).
-ProtocolConfig = AdapterConfig
-
 
 def is_bridge(obj: Any) -> bool:
     """Whether ``obj`` is a TransformerLens ``TransformerBridge`` (a hooked module around a Hugging Face model).

@@ -5,7 +5,7 @@ equivariance, relative position, KV cache) need nothing but ``forward``, so they
 user's own model that knows nothing of TransformerLens; every hook-level property reports
 *unobservable* on it. ``cfg`` is a mapping or an object with the protocol's fields
 (``n_layers, n_heads, d_head, d_model, d_vocab, n_ctx, positional_embedding_type,
-attention_dir``) and any declared design fields (see ``properties.checks.design``).
+attention_dir``) and any declared design fields (see :class:`harness.adapters.design_facts.DesignFacts`).
 
     >>> model = FunctionModel(my_module, dict(n_layers=2, n_heads=4, d_head=8, d_model=32,
     ...     d_vocab=100, n_ctx=64, positional_embedding_type="rotary", attention_dir="causal"))  # doctest: +SKIP

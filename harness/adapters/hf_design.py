@@ -32,10 +32,6 @@ _ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert", "xmod", "roberta-prelaye
 _UNSCALED = ("gpt_neo",)
 
 
-# The name HFAdapter's cfg had before both adapters shared one config class.
-HFDesign = AdapterConfig
-
-
 def _text_config(config: Any) -> Any:
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
