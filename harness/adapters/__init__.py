@@ -1,7 +1,8 @@
 """The model protocol (docs/architecture.md) and the adapters that put other people's models behind it.
 
 :mod:`properties` and :mod:`probes` reach a model only through this package: :func:`check_protocol`
-is the one checker both call, and :class:`BridgeAdapter` wraps a TransformerLens ``TransformerBridge``.
+is the one checker both call, and :class:`BridgeAdapter` wraps a TransformerLens ``TransformerBridge``;
+:func:`placed` puts a model at the user's dtype, device and attention kernel (a copy, never the caller's model cast).
 """
 
 from harness.adapters.bridge import BridgeAdapter
@@ -9,6 +10,7 @@ from harness.adapters.design_facts import AdapterConfig, DesignFacts
 from harness.adapters.entry import adapt
 from harness.adapters.function import FunctionModel
 from harness.adapters.hf import HFAdapter
+from harness.adapters.placement import DTYPE_NAMES, check_placement, placed, placement_of
 from harness.adapters.protocol import (
     AnyModel,
     ModelCfg,
@@ -19,6 +21,6 @@ from harness.adapters.protocol import (
     required_hooks,
 )
 
-__all__ = ["AdapterConfig", "AnyModel", "BridgeAdapter", "DesignFacts", "FunctionModel", "HFAdapter",
+__all__ = ["DTYPE_NAMES", "AdapterConfig", "AnyModel", "BridgeAdapter", "DesignFacts", "FunctionModel", "HFAdapter",
            "ModelCfg", "ProtocolModel", "UnsupportedInput",
-           "check_protocol", "observed_hooks", "required_hooks", "adapt"]
+           "check_placement", "check_protocol", "observed_hooks", "placed", "placement_of", "required_hooks", "adapt"]
