@@ -28,7 +28,8 @@ from harness._checks import (
     is_number,
 )
 from harness.adapters.bridge import BridgeAdapter, is_bridge
-from harness.adapters.entry import adapt, describe
+from harness.adapters.entry import describe
+from harness.adapters.placement import placed, placement_of
 from harness.adapters.protocol import AnyModel, check_protocol
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.inputs import check_mask, check_tokens
@@ -36,6 +37,8 @@ from harness.model.inputs import check_mask, check_tokens
 METHODS = ("ablation", "mean_ablation", "gradient", "l0_gates")
 ORDERS = ("importance", "random")
 METRICS = ("pattern", "output")
+# The keywords every public probe takes for where the model runs (harness.adapters.placed).
+PLACEMENT = ("dtype", "device", "attn_implementation")
 
 
 def z_hook(layer: int) -> str:
@@ -55,22 +58,33 @@ def takes_any_model(probe: Callable[P, R]) -> Callable[P, R]:
     its adapter (:func:`harness.adapters.entry.adapt`), and a DataFrame or Series result records it in
     ``attrs["adapter"]`` ("HFAdapter(gpt2, attention_interface)", "BridgeAdapter", "protocol model").
 
-    Anything else reaches the probe unchanged, so :func:`model_info` still names what it lacks.
+    Every public probe so takes the keywords :data:`PLACEMENT` (``dtype``, ``device``,
+    ``attn_implementation``): the probe runs on a copy of the model placed there
+    (:func:`harness.adapters.placed`; the caller's model is never cast), and ``attrs`` records what
+    ran. Anything else reaches the probe unchanged, so :func:`model_info` still names what it lacks.
     """
     @functools.wraps(probe)
     def entry(*args: P.args, **kwargs: P.kwargs) -> R:
+        where: dict[str, Any] = {name: kwargs.pop(name) for name in PLACEMENT if name in kwargs}
         if args:
-            model = adapt(args[0])
+            model = placed(args[0], **where)
             args = (model, *args[1:])  # type: ignore[assignment]
         elif "model" in kwargs:
-            model = kwargs["model"] = adapt(kwargs["model"])
+            model = kwargs["model"] = placed(kwargs["model"], **where)
         else:
             return probe(*args, **kwargs)
         out = probe(*args, **kwargs)
         if isinstance(out, (pd.DataFrame, pd.Series)):
             out.attrs["adapter"] = describe(model)
+            out.attrs.update(placement_of(model))  # dtype, device, attn_implementation
         return out
 
+    # help() and inspect show the placement keywords the entry takes (the probe itself never sees them)
+    sig = inspect.signature(probe)
+    params = list(sig.parameters.values())
+    tail = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in PLACEMENT]
+    entry.__signature__ = sig.replace(parameters=[p for p in params if p not in tail] + extra + tail)  # type: ignore[attr-defined]
     return entry
 
 

@@ -10,6 +10,7 @@ from transformer_lens import HookedRootModule
 
 from harness.adapters.entry import adapt, describe
 from harness.adapters.function import FunctionModel
+from harness.adapters.placement import placed, placement_of
 from harness.adapters.protocol import AnyModel, ProtocolModel, check_protocol, observed_hooks
 from harness.errors import AttnlabError
 from properties import checks as checks  # imported for its effect: every property registers itself
@@ -24,7 +25,8 @@ COLUMNS = ["property", "applicable", "passed", "worst", "tolerance", "counterexa
 
 
 def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] = None,
-                properties: Optional[list[str]] = None, cfg: Any = None) -> pd.DataFrame:
+                properties: Optional[list[str]] = None, cfg: Any = None, dtype: Optional[str] = None,
+                device: Any = None, attn_implementation: Optional[str] = None) -> pd.DataFrame:
     """Run the property checks on a model that follows the protocol; one row per property.
 
     Columns: ``property, applicable, passed, worst, tolerance, counterexample, status, reason``.
@@ -41,7 +43,10 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     ``TransformerBridge`` is put behind its adapter (:func:`harness.adapters.adapt`);
     ``frame.attrs["adapter"]`` says which ("HFAdapter(llama, attention_interface)",
     "BridgeAdapter", "FunctionModel", "protocol model"). A model that does not follow the protocol's forward/cfg
-    part raises TypeError listing what is missing.
+    part raises TypeError listing what is missing. ``dtype`` ("auto"/None: the model's own, "float32",
+    "bfloat16", "float16", "float64"), ``device`` and ``attn_implementation`` run a copy of the model
+    there (:func:`harness.adapters.placed`; the caller's model is never cast); ``frame.attrs`` records
+    what ran (``dtype``, ``device``, ``attn_implementation``).
     """
     check_search_args(seed, max_examples)
     names = list(PROPERTIES) if properties is None else list(properties)
@@ -55,6 +60,7 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
         model = FunctionModel(model, cfg)
     else:
         model = adapt(model)  # a PreTrainedModel or TransformerBridge goes behind its adapter
+    model = placed(model, dtype=dtype, device=device, attn_implementation=attn_implementation)
     check_protocol(model, hooks=False)
     model = cast(ProtocolModel, model)  # check_protocol checked it
     was_training = getattr(model, "training", False)
@@ -67,5 +73,6 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     frame = pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in rows], columns=COLUMNS)
     frame["passed"] = frame["passed"].astype(object)
     frame.attrs["adapter"] = describe(model)
+    frame.attrs.update(placement_of(model))  # dtype, device, attn_implementation: what ran
     return frame
 

@@ -8,15 +8,20 @@ summation order only (float32): atol 1e-5, as tests/test_adapter_hf.py.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
+import probes
+import properties
 from harness.adapters import BridgeAdapter, HFAdapter
 from harness.adapters import placement as pl
 from harness.adapters.placement import check_placement, placed, placement_of
 from harness.errors import AttnlabError
 from harness.model.config import ModelConfig
 from harness.model.transformer import Transformer
+from properties.testing import assert_properties
 from tests.helpers.hf_models import VOCAB, gpt2, llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,3 +141,42 @@ def test_a_dtype_the_device_cannot_run_is_refused(monkeypatch):
         assert check_placement("bfloat16", "cpu") == (torch.bfloat16, torch.device("cpu"))
     finally:
         pl._runs.cache_clear()  # the real answer for later tests
+
+
+def test_the_kernel_of_a_bridge_is_its_hf_models_and_a_users_model_declares_none():
+    bridge = BridgeAdapter.from_hf(gpt2())
+    assert placement_of(bridge)["attn_implementation"] == bridge.bridge.original_model.config._attn_implementation
+    assert pl.kernel_of(torch.nn.Linear(2, 2)) == pl.UNDECLARED
+
+
+def test_check_model_and_assert_properties_run_the_placed_copy_and_say_so():
+    model = own()
+    frame = properties.check_model(model, dtype="float64", properties=["causal_outputs"], max_examples=3)
+    assert {k: frame.attrs[k] for k in ("dtype", "device", "attn_implementation")} == \
+        {"dtype": "float64", "device": "cpu", "attn_implementation": "sdpa"}
+    assert model.W_E.dtype == torch.float32
+    table = assert_properties(llama(), ["causal_outputs"], max_examples=3, attn_implementation="eager")
+    assert table.attrs["attn_implementation"] == "eager" and table.attrs["dtype"] == "float32"
+    with pytest.raises(AttnlabError, match="dtype='fp8'"):
+        properties.check_model(model, dtype="fp8")
+
+
+@pytest.mark.parametrize("name", [n for n in probes.__all__ if callable(getattr(probes, n))
+                                  and "model" in inspect.signature(getattr(probes, n)).parameters])
+def test_every_public_probe_takes_the_placement_keywords(name):
+    params = inspect.signature(getattr(probes, name)).parameters
+    assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("dtype", "device", "attn_implementation"))
+
+
+def test_a_probe_runs_on_the_placed_copy():
+    model = own()
+    tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
+    ref = probes.head_importance(model, tokens)
+    wide = probes.head_importance(model, tokens, dtype="float64")
+    assert wide.attrs["dtype"] == "float64" and ref.attrs["dtype"] == "float32"
+    assert model.W_E.dtype == torch.float32
+    # float64 vs float32 loss deltas: the same ablations, float32 rounding of ~1e-7 relative on losses ~4
+    torch.testing.assert_close(torch.tensor(wide.importance.to_numpy()), torch.tensor(ref.importance.to_numpy(),
+                               dtype=torch.float64), atol=1e-4, rtol=0)
+    with pytest.raises(AttnlabError, match="device='nowhere'"):
+        probes.prune_curve(model, tokens, device="nowhere")
