@@ -1,6 +1,6 @@
 """check_model and every public probe take a PreTrainedModel or a TransformerBridge directly.
 
-The entry wraps it (harness.adapters.wrap) and the result names the adapter in ``attrs["adapter"]``;
+The entry adapts it (harness.adapters.adapt) and the result names the adapter in ``attrs["adapter"]``;
 the numbers are the ones the explicitly wrapped model gives.
 """
 
