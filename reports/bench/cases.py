@@ -18,6 +18,7 @@ import harness.model.layers
 import harness.model.transformer
 from harness.errors import AttnlabError
 from harness.model.transformer import Transformer
+from probes import head_importance
 from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
 from reports.bench.reference import hf_gpt2_pair, naive_head_ablation
 
@@ -105,8 +106,6 @@ def cache_rows(shape: Shape, device: torch.device, rounds: int, checks: dict) ->
 
 def probe_rows(shape: Shape, device: torch.device, rounds: int, checks: dict) -> list[Row]:
     """Leave-one-out ablation (batched, prefix reuse) and gradient importance vs one forward per head."""
-    from probes import head_importance
-
     model = Transformer(shape.config()).to(device).eval()
     tokens = shape.tokens(device)
     naive = naive_head_ablation(model, tokens)

@@ -27,7 +27,14 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformer_lens import patching
+from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+import probes
+import probes.patching
+from harness.adapters import HFAdapter
+from harness.model.convert import from_hf
 from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
 
 TASKS = ("patterns", "loo_ablation", "resid_patching")
@@ -40,8 +47,6 @@ def gpt2_models(shape: Shape, seed: int = 0) -> tuple[nn.Module, nn.Module, nn.M
     Separate copies because the bridge replaces its model's submodules in place and nnsight needs
     eager attention to expose the weights; dropout 0, eval mode.
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     config = GPT2Config(n_layer=shape.n_layers, n_embd=shape.d_model, n_head=shape.n_heads, n_positions=shape.n_ctx,
                         vocab_size=shape.d_vocab, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=0, eos_token_id=0)
@@ -70,8 +75,6 @@ class Attnlab:
     name = "attnlab"
 
     def __init__(self, hf: Any):  # a Hugging Face GPT-2 (its config and module tree are untyped)
-        from harness.model.convert import from_hf
-
         self.model = from_hf(hf).eval()
         self.n_layers, self.n_heads = self.model.cfg.n_layers, self.model.cfg.n_heads
 
@@ -81,14 +84,10 @@ class Attnlab:
         return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(self.n_layers)])
 
     def loo_ablation(self, tokens: Tensor) -> Tensor:
-        import probes
-
         imp = probes.head_importance(self.model, tokens, method="ablation")
         return torch.tensor(imp["loss_delta"].to_numpy()).view(self.n_layers, self.n_heads)
 
     def resid_patching(self, clean: Tensor, corrupted: Tensor) -> Tensor:
-        import probes.patching
-
         return probes.patching.patch_residual(self.model, clean, corrupted, _answer_logprob)
 
 
@@ -98,8 +97,6 @@ class Bridge:
     name = "bridge"
 
     def __init__(self, hf: Any):  # a Hugging Face GPT-2 (its config and module tree are untyped)
-        from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
-
         self.model = build_bridge_from_module(hf, "GPT2LMHeadModel", hf_config=hf.config)
         self.model.enable_compatibility_mode()
         self.model.eval()
@@ -127,8 +124,6 @@ class Bridge:
         return out
 
     def resid_patching(self, clean: Tensor, corrupted: Tensor) -> Tensor:
-        from transformer_lens import patching
-
         with torch.no_grad():
             _, cache = self.model.run_with_cache(clean, names_filter=lambda n: n.endswith("hook_resid_pre"))
             metric = lambda out: _answer_logprob(self._logits(out))  # noqa: E731
@@ -141,7 +136,7 @@ class Nnsight:
     name = "nnsight"
 
     def __init__(self, hf: Any):  # a Hugging Face GPT-2 (its config and module tree are untyped)
-        from nnsight import NNsight
+        from nnsight import NNsight  # an optional peer (the test extra): only this class needs it
 
         self.model = NNsight(hf)
         self.n_layers, self.n_heads = hf.config.n_layer, hf.config.n_head
@@ -223,8 +218,6 @@ def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = 
 
 
 def _llama(shape: Shape, seed: int) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     config = LlamaConfig(vocab_size=shape.d_vocab, hidden_size=shape.d_model, intermediate_size=4 * shape.d_model,
                          num_hidden_layers=shape.n_layers, num_attention_heads=shape.n_heads,
                          num_key_value_heads=max(1, shape.n_heads // 2), max_position_embeddings=shape.n_ctx,
@@ -240,8 +233,6 @@ def adapter_rows(shape: Shape, rounds: int, checks: dict) -> list[Row]:
     Two copies of one random model (GPT-2 and Llama): the adapter points its copy at its own
     attention function, the other copy keeps transformers' sdpa. Logits must agree first.
     """
-    from harness.adapters import HFAdapter
-
     rows = []
     builders = {"GPT-2": lambda: gpt2_models(shape)[2], "Llama": lambda: _llama(shape, 0)}
     tokens = shape.tokens(torch.device("cpu"))

@@ -15,9 +15,12 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from harness._checks import check_positive_int
 from harness.errors import AttnlabError
+from harness.model.convert import from_hf
 
 
 class PlainBlock(nn.Module):
@@ -116,11 +119,6 @@ def hf_gpt2_pair(n_layers: int, d_model: int, n_heads: int, n_ctx: int, d_vocab:
 
     Built in memory from a config: nothing is downloaded. Dropout is 0, both are in eval mode.
     """
-    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from harness.model.convert import from_hf
-
     config = GPT2Config(n_layer=n_layers, n_embd=d_model, n_head=n_heads, n_positions=n_ctx, vocab_size=d_vocab,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     with torch.random.fork_rng(devices=[]):  # HF initializes from the global generator: leave it as it was
