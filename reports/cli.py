@@ -16,6 +16,7 @@ from typing import Any, Optional
 import click
 import matplotlib
 
+from harness.adapters.placement import check_placement
 from harness.errors import AttnlabError
 from harness.training.tasks import TASKS
 from reports import defaults, external, figures, pipeline
@@ -28,6 +29,7 @@ from reports.options import (
     comma_ints,
     model_and_train_configs,
     model_options,
+    placement_options,
     preset_option,
     train_options,
 )
@@ -130,6 +132,15 @@ def _external_opts(f):
     return click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=str))(f)
 
 
+def _placement(dtype: str, device: Optional[str], attn_implementation: Optional[str],
+               hf: Optional[str]) -> dict[str, Any]:
+    """--dtype/--device/--attn-implementation, refused (one line, exit 2) before any model is loaded."""
+    check_placement(dtype, device)
+    if hf is not None:
+        external.check_kernel(attn_implementation)
+    return {"dtype": dtype, "device": device, "attn_implementation": attn_implementation}
+
+
 def _progress_opt(f):
     return click.option("--progress/--no-progress", default=None,
                         help="Progress bars (default: only when stderr is a terminal).")(f)
@@ -168,20 +179,25 @@ def train(run_dir: str, preset_name: Optional[str], resume: bool, overwrite: boo
               help="Seed of the searches (and of --hf config.json random weights).")
 @click.option("--max-examples", type=click.IntRange(min=1), default=defaults.MAX_EXAMPLES, show_default=True,
               help="Hypothesis examples per property.")
+@placement_options
 @_progress_opt
 def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out: Optional[str], seed: int,
-          max_examples: int, progress: Optional[bool]) -> None:
+          max_examples: int, dtype: str, device: Optional[str], attn_implementation: Optional[str],
+          progress: Optional[bool]) -> None:
     """Run the property suite on a trained run -> RUN_DIR/properties.csv, and print the table.
 
     With --hf PATH or --model MODULE:CALLABLE it checks that model instead and writes
     properties.csv and model.json into --out RUN_DIR (`attnlab report RUN_DIR` renders it).
+    --dtype/--device/--attn-implementation say where the model runs (default: as the checkpoint ships).
     """
-    run_dir, ext = external.resolve(run_dir, out, hf, factory, seed)
+    where = _placement(dtype, device, attn_implementation, hf)
+    run_dir, ext = external.resolve(run_dir, out, hf, factory, seed, **where)
     if ext is not None:
         external.save(run_dir, ext)
-        click.echo(f"checking {ext.card['arch']} through {ext.card['adapter']}")
+        click.echo(f"checking {ext.card['arch']} through {ext.card['adapter']} in {ext.card['dtype']} on "
+                   f"{ext.card['device']} ({ext.card['attn_implementation']})")
     table = pipeline.check(run_dir, seed=seed, max_examples=max_examples, progress=progress,
-                           model=None if ext is None else ext.model)
+                           model=None if ext is None else ext.model, **where)
     shown = table.assign(result=[str(s).upper() if s == "fail" else s for s in table["status"]] if "status" in table
                          else [("pass" if p else "FAIL") if a else "n/a"
                                for a, p in zip(table["applicable"], table["passed"], strict=True)])
@@ -209,10 +225,12 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
               show_default=True, help="Relative loss rise allowed when counting prunable heads.")
 @click.option("--top-k", type=click.IntRange(min=1), default=defaults.TOP_K_PATTERNS, show_default=True,
               help="Most important heads whose attention patterns are saved.")
+@placement_options
 @_progress_opt
 def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out: Optional[str],
           task: Optional[str], text_file: Optional[str], seed: int, sequences: int, seeds: tuple[int, ...],
-          tolerance: float, top_k: int, progress: Optional[bool]) -> None:
+          tolerance: float, top_k: int, dtype: str, device: Optional[str], attn_implementation: Optional[str],
+          progress: Optional[bool]) -> None:
     """Run every head probe on a trained run -> RUN_DIR/probes/*.csv.
 
     With --hf PATH or --model MODULE:CALLABLE it probes that model instead, on --task NAME tokens
@@ -222,7 +240,8 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
         raise CliError("error: --task/--text are for --hf/--model; a trained run is probed on its own task")
     if (hf is not None or factory is not None) and (task is None) == (text_file is None):
         raise CliError("error: --hf/--model need exactly one of --task NAME and --text FILE: the tokens to probe on")
-    run_dir, ext = external.resolve(run_dir, out, hf, factory, seed)
+    where = _placement(dtype, device, attn_implementation, hf)
+    run_dir, ext = external.resolve(run_dir, out, hf, factory, seed, **where)
     data = None
     if ext is not None:
         data = (external.task_tokens(ext.model, task, sequences, seed) if task is not None
@@ -230,7 +249,7 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
         external.save(run_dir, ext)
         click.echo(f"probing {ext.card['arch']} through {ext.card['adapter']} on {tuple(data[0].shape)} tokens")
     result = pipeline.probe(run_dir, sequences=sequences, seeds=seeds, tolerance=tolerance, top_k=top_k,
-                            progress=progress, model=None if ext is None else ext.model, data=data)
+                            progress=progress, model=None if ext is None else ext.model, data=data, **where)
     red = result["redundancy"]
     click.echo(f"prunable within {tolerance:.1%} loss: {red['prunable_fraction']:.1%} of heads "
                f"(random order: {red['random_prunable_fraction']:.1%}); wrote {os.path.join(run_dir, 'probes')}")

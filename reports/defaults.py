@@ -15,6 +15,11 @@ PRESET = "induction"  # the preset unset model/train options take their values f
 DEMO_OUT = "attnlab-demo"  # `attnlab demo`'s run directory
 SATURATION_OUT = "saturation"  # `attnlab saturation`'s folder when it is not given a run directory
 
+# check and probe: where the model runs (harness.adapters.placed)
+DTYPE = "auto"  # the checkpoint's own dtype (its config's torch_dtype): the user checks what they run
+DEVICE = None  # where the model loads (the CPU); e.g. "cuda:0"
+ATTN_IMPLEMENTATION = None  # the checkpoint's own attention kernel (Hugging Face models: sdpa, eager, ...)
+
 # check
 MAX_EXAMPLES = 25  # hypothesis examples per property: the `ci` profile's budget
 SEED = 0  # the property searches' seed; also --hf config.json random weights and the --task batch

@@ -27,12 +27,13 @@ from typing import Any, Optional
 
 import torch
 from transformer_lens import HookedRootModule
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
 from harness.adapters.entry import adapt, describe, needs_adapter
 from harness.adapters.function import FunctionModel
+from harness.adapters.placement import check_placement, placed, placement_of
 from harness.adapters.protocol import check_protocol
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.run_dir import RunDir, atomic_write_json
@@ -86,9 +87,27 @@ def _auto_classes(config: Any) -> tuple[Any, ...]:
     return AutoModelForCausalLM, AutoModelForMaskedLM
 
 
-def load_hf(path: str | os.PathLike, seed: int = 0) -> tuple[Any, dict[str, Any], Optional[Path]]:
-    """``(PreTrainedModel, source facts, tokenizer folder or None)`` for ``--hf PATH`` (see the module docstring)."""
+def check_kernel(name: Optional[str]) -> None:
+    """``--attn-implementation NAME`` is a kernel transformers knows (checked before any model is loaded)."""
+    if name is None:
+        return
+    known = ["eager", *AttentionInterface._global_mapping]
+    if name not in known:
+        raise AttnlabError(f"attn_implementation={name!r} is not an attention kernel transformers knows: expected "
+                           f"one of {known}")
+
+
+def load_hf(path: str | os.PathLike, seed: int = 0, *, dtype: Optional[str] = None, device: Any = None,
+            attn_implementation: Optional[str] = None) -> tuple[Any, dict[str, Any], Optional[Path]]:
+    """``(PreTrainedModel, source facts, tokenizer folder or None)`` for ``--hf PATH`` (see the module docstring).
+
+    The model is loaded in ``dtype`` (``from_pretrained(dtype=...)``; "auto"/None: the config's own
+    ``torch_dtype``), not cast after the load, with ``attn_implementation`` when given, and moved to
+    ``device``: every one of them checked before the weights are read.
+    """
     hf_logging.disable_progress_bar()  # transformers' loading bars are noise around a one-line command
+    torch_dtype, dev = check_placement(dtype, device)
+    check_kernel(attn_implementation)
     path = Path(path)
     config_file = _config_file(path)
     folder = config_file.parent
@@ -98,20 +117,30 @@ def load_hf(path: str | os.PathLike, seed: int = 0) -> tuple[Any, dict[str, Any]
     except (ValueError, KeyError, OSError) as exc:
         raise AttnlabError(f"{config_file} is not a config transformers can read: {' '.join(str(exc).split())[:300]}") \
             from None
+    # "auto" is the checkpoint's own dtype; a config.json without one (random weights) is float32, torch's default
+    own = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    load: dict[str, Any] = {"dtype": torch_dtype or ("auto" if weights else own or torch.float32)}
+    if attn_implementation is not None:
+        load["attn_implementation"] = attn_implementation
     errors = []
     for auto in _auto_classes(config):  # a causal LM head first, then a masked LM head (BERT-style encoders)
         try:
             if weights:
-                model = auto.from_pretrained(str(folder), local_files_only=True)
+                model = auto.from_pretrained(str(folder), local_files_only=True, **load)
             else:
                 torch.manual_seed(seed)
-                model = auto.from_config(config)
+                model = auto.from_config(config, **load)
             break
+        except ImportError as exc:  # a kernel transformers knows but this machine lacks (flash_attention_2)
+            raise AttnlabError(f"attn_implementation={attn_implementation!r} cannot run here: "
+                               f"{' '.join(str(exc).split())[:300]}") from None
         except ValueError as exc:  # "Unrecognized configuration class ... for this kind of AutoModel"
             errors.append(f"{auto.__name__}: {' '.join(str(exc).split())[:200]}")
     else:
         raise AttnlabError(f"--hf {path}: model_type {config.model_type!r} has no causal or masked LM head in "
                            f"transformers ({'; '.join(errors)})")
+    if dev is not None:
+        model.to(dev)  # our own fresh copy: moved in place
     tokenizer = folder if path.is_dir() and _has_tokenizer(folder) else None
     source = {"source": "hf", "path": str(path.resolve()),
               "weights": "pretrained" if weights else f"random (seed {seed})", "class": type(model).__name__}
@@ -164,18 +193,26 @@ def _as_model(made: Any, spec: str) -> Any:
 
 
 # --- both ----------------------------------------------------------------------------------------
-def open_model(hf: Optional[str] = None, factory: Optional[str] = None, seed: int = 0) -> ExternalModel:
-    """The model of ``--hf`` or ``--model`` (exactly one), wrapped and smoke-tested, with its card."""
+def open_model(hf: Optional[str] = None, factory: Optional[str] = None, seed: int = 0, *,
+               dtype: Optional[str] = None, device: Any = None,
+               attn_implementation: Optional[str] = None) -> ExternalModel:
+    """The model of ``--hf`` or ``--model`` (exactly one), wrapped, placed and smoke-tested, with its card.
+
+    ``dtype``/``device``/``attn_implementation``: where it runs (``--hf`` loads it there; a factory's
+    model is placed by :func:`harness.adapters.placed`, a copy); the card records what ran.
+    """
     if (hf is None) == (factory is None):
         raise AttnlabError("give exactly one of --hf PATH and --model module:callable")
+    check_placement(dtype, device)
     tokenizer = None
     if hf is not None:
-        raw, source, tokenizer = load_hf(hf, seed)
+        raw, source, tokenizer = load_hf(hf, seed, dtype=dtype, device=device, attn_implementation=attn_implementation)
         model = adapt(raw)  # HFAdapter: refuses an unsupported architecture and smoke-tests the forward
     else:
         assert factory is not None
         made, source = load_factory(factory)
-        model = _as_model(made, factory)
+        model = placed(_as_model(made, factory), dtype=dtype, device=device, attn_implementation=attn_implementation)
+    source["dtype_requested"] = dtype or "auto"  # what the user asked; the card's "dtype" is what ran
     # cfg fields, hook_dict and the forward's arguments, then the two-token smoke forward (a model that raises
     # in it is one error naming the exception), before any work
     check_protocol(model, hooks=False)
@@ -183,7 +220,8 @@ def open_model(hf: Optional[str] = None, factory: Optional[str] = None, seed: in
 
 
 def model_card(model: Any, source: dict[str, Any]) -> dict[str, Any]:
-    """What ``model.json`` records: source, adapter, architecture, route, parameters and the design facts."""
+    """What ``model.json`` records: source, adapter, architecture, route, parameters, what ran (``dtype``,
+    ``device``, ``attn_implementation``: :func:`harness.adapters.placement_of`) and the design facts."""
     cfg = model.cfg
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         facts = dataclasses.asdict(cfg)
@@ -193,7 +231,7 @@ def model_card(model: Any, source: dict[str, Any]) -> dict[str, Any]:
     inner = getattr(model, "hf_model", None) or getattr(model, "bridge", None) or model
     params = sum(p.numel() for p in inner.parameters()) if hasattr(inner, "parameters") else None
     return {**source, "adapter": describe(model), "arch": facts.get("arch", type(inner).__name__),
-            "route": getattr(model, "route", None), "parameters": params, "design": facts}
+            "route": getattr(model, "route", None), "parameters": params, **placement_of(model), "design": facts}
 
 
 def _jsonable(value: Any) -> Any:
@@ -260,13 +298,14 @@ def text_tokens(ext: ExternalModel, text_file: str | os.PathLike, sequences: int
 
 # --- the command line's rule ---------------------------------------------------------------------
 def resolve(run_dir: Optional[str], out: Optional[str], hf: Optional[str], factory: Optional[str],
-            seed: int = 0) -> tuple[str, Optional[ExternalModel]]:
+            seed: int = 0, **where: Any) -> tuple[str, Optional[ExternalModel]]:
     """``(run directory, external model or None)`` for ``attnlab check``/``probe``; every refusal before any work.
 
     The rule: a trained run is the ``RUN_DIR`` argument alone. ``--hf PATH`` or ``--model module:callable``
     (not both) checks another model and writes into ``--out RUN_DIR`` (the ``RUN_DIR`` argument is
     accepted in its place); that folder must not hold a trained run's checkpoint or metrics, which
-    would mix two models' results in one report.
+    would mix two models' results in one report. ``where`` (dtype, device, attn_implementation) goes to
+    :func:`open_model`.
     """
     if hf is not None and factory is not None:
         raise AttnlabError(f"--hf {hf} and --model {factory} were both given: expected one model, either a Hugging "
@@ -286,7 +325,7 @@ def resolve(run_dir: Optional[str], out: Optional[str], hf: Optional[str], facto
         raise AttnlabError(f"{'--hf' if hf is not None else '--model'} needs --out RUN_DIR: the run directory to write "
                            f"into")
     path = prepare_out(target)
-    return str(path), open_model(hf=hf, factory=factory, seed=seed)
+    return str(path), open_model(hf=hf, factory=factory, seed=seed, **where)
 
 
 def save(run_dir: str | os.PathLike, ext: ExternalModel) -> Path:

@@ -14,11 +14,12 @@ from typing import Any, Optional
 
 import click
 
+from harness.adapters.placement import DTYPE_NAMES
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORM_PLACEMENTS, POSITIONAL_TYPES
 from harness.training.config import DEVICES, OPTIMIZERS, SCHEDULES
 from harness.training.presets import PRESETS, preset
 from harness.training.tasks import TASKS
-from reports.defaults import PRESET
+from reports.defaults import ATTN_IMPLEMENTATION, DEVICE, DTYPE, PRESET
 
 BENCH_MODES = {False: "short", True: "full"}
 
@@ -205,6 +206,23 @@ TRAIN_FIELDS: list[tuple[str, str, Any, str]] = [
     ("--temperature", "temperature", float, "Distillation temperature T (needs --distill-from)."),
     ("--alpha", "alpha", float, "Weight of the distillation loss; 1 = pure distillation (needs --distill-from)."),
 ]
+
+
+def placement_options(f: Callable) -> Callable:
+    """--dtype / --device / --attn-implementation: where ``check`` and ``probe`` run the model.
+
+    The values reach :func:`harness.adapters.placed` (and, for --hf, ``from_pretrained``, so the
+    checkpoint is loaded in that dtype rather than cast after); the command validates them with
+    :func:`harness.adapters.check_placement` before any model is loaded.
+    """
+    f = click.option("--attn-implementation", "attn_implementation", default=ATTN_IMPLEMENTATION, metavar="NAME",
+                     help="Attention kernel of a Hugging Face model (sdpa, eager, ...; default: the checkpoint's "
+                          "own).")(f)
+    f = click.option("--device", "device", default=DEVICE, metavar="DEV",
+                     help="Where the model runs (cpu, cuda:0, ...; default: where it loads, the CPU).")(f)
+    return click.option("--dtype", "dtype", type=click.Choice(DTYPE_NAMES), default=DTYPE, show_default=True,
+                        help="Precision the model runs in; auto = the checkpoint's own (its config's "
+                             "torch_dtype), so you check what you run.")(f)
 
 
 def _param_name(option: str, prefix: str) -> str:

@@ -26,6 +26,8 @@ import harness
 import probes
 import properties
 from harness._checks import check_int, check_ints, check_number, check_positive_int
+from harness.adapters.placement import check_placement, placed
+from harness.adapters.protocol import model_device
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.convert import check_exportable
 from harness.run_dir import RunDir, atomic_write, atomic_write_json
@@ -33,6 +35,9 @@ from harness.training.checkpoint import prepare_run_dir, read_configs
 from harness.training.tasks import make_task
 from reports import figures, rundata
 from reports.defaults import (
+    ATTN_IMPLEMENTATION,
+    DEVICE,
+    DTYPE,
     MAX_EXAMPLES,
     PROBE_SEQUENCES,
     SATURATION_D_HEADS,
@@ -76,26 +81,38 @@ def _load(run_dir: str | os.PathLike):
 
 # --- check ---------------------------------------------------------------------------------------
 def check(run_dir: str | os.PathLike, *, seed: int = SEED, max_examples: int = MAX_EXAMPLES,
-          progress: Optional[bool] = None, model: Any = None) -> pd.DataFrame:
+          progress: Optional[bool] = None, model: Any = None, dtype: Optional[str] = DTYPE,
+          device: Optional[str] = DEVICE, attn_implementation: Optional[str] = ATTN_IMPLEMENTATION) -> pd.DataFrame:
     """Run the property suite on the run's model; writes ``properties.csv`` and returns the table.
 
     ``model`` (one from outside attnlab, behind the protocol: :func:`reports.external.open_model`)
-    is checked instead of a trained run's, its results written into ``run_dir``.
+    is checked instead of a trained run's, its results written into ``run_dir``. ``dtype``,
+    ``device`` and ``attn_implementation`` say where it runs (:func:`_placed`); ``table.attrs``
+    records what ran.
     """
     check_positive_int("max_examples", max_examples)
     check_int("seed", seed, 0)
+    check_placement(dtype, device)  # before the run is loaded
     if model is None:
         path, model, _, _ = _load(run_dir)
     else:
         path = Path(run_dir)
+    model = _placed(model, dtype, device, attn_implementation)
     names = list(properties.PROPERTIES)
     rows = []
     for name in tqdm(names, desc="properties", unit="property", disable=_quiet(progress)):
         rows.append(properties.check_model(model, seed=seed, max_examples=max_examples, properties=[name]))
     table = pd.concat(rows, ignore_index=True)
-    table.attrs["adapter"] = rows[0].attrs.get("adapter")
+    table.attrs.update({k: rows[0].attrs.get(k) for k in ("adapter", "dtype", "device", "attn_implementation")})
     _write_csv(table, RunDir(path).properties_csv, index=False)
     return table
+
+
+def _placed(model: Any, dtype: Optional[str], device: Optional[str], attn_implementation: Optional[str]) -> Any:
+    """The model where it runs, placed once for a whole stage (the suite and the probes then find nothing
+    to change): :func:`harness.adapters.placed`, a copy when anything changes; an --hf model is already
+    loaded there (:func:`reports.external.load_hf`), so it is not copied."""
+    return placed(model, dtype=dtype, device=device, attn_implementation=attn_implementation)
 
 
 def _quiet(progress: Optional[bool]) -> Optional[bool]:
@@ -129,21 +146,28 @@ def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int) -> p
 
 def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds: Sequence[int] = SEEDS,
           tolerance: float = TOLERANCE, top_k: int = TOP_K_PATTERNS,
-          progress: Optional[bool] = None, model: Any = None, data: Any = None) -> dict[str, Any]:
+          progress: Optional[bool] = None, model: Any = None, data: Any = None, dtype: Optional[str] = DTYPE,
+          device: Optional[str] = DEVICE, attn_implementation: Optional[str] = ATTN_IMPLEMENTATION) -> dict[str, Any]:
     """Run every head probe on the run's model over a fixed validation batch; writes ``probes/*``.
 
     ``model`` with ``data = (tokens, loss_mask or None)`` probes a model from outside attnlab
-    (:mod:`reports.external`) instead of a trained run's, writing into ``run_dir``.
+    (:mod:`reports.external`) instead of a trained run's, writing into ``run_dir``. ``dtype``,
+    ``device`` and ``attn_implementation`` say where it runs, as for :func:`check`.
     """
     check_positive_int("sequences", sequences)
     check_positive_int("top_k", top_k)
     seeds = check_ints("seeds", seeds, 0)
     check_number("tolerance", tolerance, 0, 1, high_inclusive=False, expected="a number in (0, 1)")
+    check_placement(dtype, device)  # before the run is loaded
     if model is None:
         path, model, model_cfg, train_cfg = _load(run_dir)
         tokens, loss_mask = probe_data(model_cfg, train_cfg, sequences)
     else:
         path, (tokens, loss_mask) = Path(run_dir), data
+    model = _placed(model, dtype, device, attn_implementation)
+    where = model_device(model)  # the probes move their inputs themselves; top_patterns' cache run does not
+    tokens = tokens.to(where)
+    loss_mask = None if loss_mask is None else loss_mask.to(where)
     out: dict[str, Any] = {}
     steps: list[tuple[str, Callable[[], Any]]] = [
         *[(f"importance_{m}", lambda m=m: probes.head_importance(model, tokens, loss_mask=loss_mask, method=m))

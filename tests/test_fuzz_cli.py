@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import ModelConfig, TrainConfig, train
+from harness.adapters import DTYPE_NAMES
 from harness.errors import AttnlabError
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
 from harness.training.config import OPTIMIZERS, SCHEDULES
@@ -227,10 +228,23 @@ def fractions_bad():
                      st.floats(max_value=0.0, allow_nan=False, allow_infinity=False).map(repr))
 
 
+def _runs_here(device: str) -> bool:
+    try:
+        torch.zeros(1, device=torch.device(device))
+    except Exception:  # any refusal: not a device this machine runs
+        return False
+    return True
+
+
+# where check and probe run the model (reports.options.placement_options): refused before the run is loaded,
+# except a kernel, which our Transformer refuses once loaded (it runs sdpa, the one value that is no change)
+PLACEMENT_BAD = {"--dtype": bad_choice(DTYPE_NAMES),
+                 "--device": st.one_of(TEXT, EDGE, st.just("cuda:7")).filter(lambda s: not _runs_here(s)),
+                 "--attn-implementation": st.one_of(TEXT, EDGE, st.just("eager")).filter(lambda s: s != "sdpa")}
 RUN_OPTIONS = {
-    "check": {"--seed": bad_int(0), "--max-examples": bad_int(1)},
+    "check": {"--seed": bad_int(0), "--max-examples": bad_int(1), **PLACEMENT_BAD},
     "probe": {"--sequences": bad_int(1), "--top-k": bad_int(1), "--seeds": comma_ints_bad(0),
-              "--tolerance": st.one_of(floats_outside(0.0, 1.0, high_ok=False), st.just("1"))},
+              "--tolerance": st.one_of(floats_outside(0.0, 1.0, high_ok=False), st.just("1")), **PLACEMENT_BAD},
     # heal refuses before its first healing run; the run (2 heads) must be untouched
     "heal": {"--steps": bad_int(1), "--seeds": comma_ints_bad(0), "--prune-fraction": fractions_bad(),
              "--temperature": floats_outside(0.0), "--alpha": floats_outside(0.0, 1.0, low_ok=True),

@@ -27,12 +27,13 @@ from harness.adapters.hf import HFAdapter, _is_pretrained
 from harness.adapters.hf_attention import base_kernel
 from harness.adapters.protocol import model_device
 from harness.errors import AttnlabError
-from harness.model.transformer import TORCH_DTYPES
+from harness.model.transformer import TORCH_DTYPES, Transformer
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
 # The kernel name our own Transformer runs (scaled_dot_product_attention; hooks on scores or pattern
 # switch a layer to the explicit path on their own), so a request for it is no change.
 OWN_KERNEL = "sdpa"
+UNDECLARED = "not declared"  # the kernel of a model that does not name one (a user's own module)
 # Hook dictionaries of nn.Module an adapter's handles may sit in (torch keeps kwargs/always-call flags apart).
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
                "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
@@ -103,11 +104,14 @@ def _dtype_of(model: nn.Module) -> torch.dtype:
 
 
 def kernel_of(model: Any) -> str:
-    """The attention implementation ``model`` runs: the HF config's (behind attnlab's observer), else ours."""
+    """The attention implementation ``model`` runs: the HF config's (behind attnlab's observer), ``"sdpa"``
+    for our Transformer, :data:`UNDECLARED` for a model that does not say (a user's own module)."""
     hf = _hf_inside(model)
-    if hf is not None:
+    if hf is None and isinstance(model, BridgeAdapter):
+        hf = getattr(model.bridge, "original_model", None)
+    if hf is not None and hasattr(hf, "config"):
         return base_kernel(getattr(hf.config, "_attn_implementation", None) or "eager")
-    return OWN_KERNEL
+    return OWN_KERNEL if isinstance(model, Transformer) else UNDECLARED
 
 
 def placement_of(model: Any) -> dict[str, str]:
@@ -167,7 +171,7 @@ def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
            attn_implementation: Optional[str] = None) -> Any:
     """``model`` behind the protocol at ``dtype``/``device``/``attn_implementation``; a copy when anything changes.
 
-    - our Transformer (or any protocol model): deep-copied, then moved; its kernel is ``"sdpa"`` only;
+    - our Transformer (or any protocol model): deep-copied, then moved; its kernel cannot change;
     - a ``PreTrainedModel`` or an ``HFAdapter``: the Hugging Face model deep-copied (without the
       adapter's hooks), moved, pointed at the kernel, and adapted anew;
     - a ``BridgeAdapter`` (or a bridge): the adapter deep-copied and moved; its kernel cannot change.
