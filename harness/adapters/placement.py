@@ -177,6 +177,11 @@ def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
     - a ``BridgeAdapter`` (or a bridge): the adapter deep-copied and moved; its kernel cannot change.
 
     With nothing to change this is :func:`harness.adapters.adapt` (the model itself, adapted).
+    A dtype change is ``Module.to(dtype)`` on the copy, buffers included: a Hugging Face model's rotary
+    ``inv_freq`` is rounded to the dtype as ``model.to(torch.bfloat16)`` rounds it (transformers #25681;
+    the ``rotary_precision`` property reports it). ``from_pretrained(..., dtype=...)`` keeps that buffer
+    in float32: to check a model as it is loaded so, load it so and leave ``dtype`` unset (``attnlab
+    check --hf --dtype`` loads it that way).
     """
     dt, dev = check_placement(dtype, device)
     model = adapt(model)
