@@ -32,6 +32,8 @@ from hypothesis.strategies import SearchStrategy
 
 from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES, check_protocol, observed_hooks
 from harness.errors import AttnlabError
+from properties.precision import RULE as MEASURED_RULE
+from properties.precision import noise_for
 from properties.search import Measure, PropertyResult, check_search_args, search, tokens_text
 
 KINDS = ("model", "component")
@@ -230,7 +232,8 @@ def _resolve(case_model: Any, wanted: list[str], observed: Callable[[], set[str]
 
 
 def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, applies: Applies = Applies(),
-                   needs: Needs = (), needs_doc: str = "", declares: tuple[str, ...] = ()) -> Callable[..., Check]:
+                   needs: Needs = (), needs_doc: str = "", declares: tuple[str, ...] = (),
+                   calibrated: bool = False) -> Callable[..., Check]:
     """Register the decorated ``body(case: Case) -> Plan`` as the model property ``name``.
 
     Returns the public check ``check(model, *, seed=0, max_examples=None, observed=None) -> PropertyResult``.
@@ -239,6 +242,9 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
     two that fires; or a function of cfg returning them (then ``needs_doc`` says which in words).
     ``declares``: cfg fields that, present but None (an adapter could not read them), leave the
     check without a reference: unobservable.
+    ``calibrated``: a numeric property whose allowance is measured per example from the model's
+    rounding noise against a float64 twin (properties/precision.py); ``tolerance`` is then the
+    fallback for a model no twin can be made of. Exact properties leave it False.
     """
     if callable(needs) and not needs_doc:
         raise AttnlabError(f"property {name!r}: needs is a function, so needs_doc must say which hooks in words")
@@ -249,6 +255,7 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
             check_search_args(seed, max_examples)
             check_protocol(model, hooks=False)
             tol = tolerance(model) if callable(tolerance) else tolerance
+            tol_numeric = tol > 0  # exact properties (tolerance 0) judge non-finite values themselves
             reason = applies.not_applicable(model)
             if reason is not None:
                 return PropertyResult.not_applicable(name, tol, reason)
@@ -262,8 +269,10 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
                 return PropertyResult.unobservable(name, tol, gap)
             case.hooks = hooks
             plan = body(case)
+            # a numeric check watches for non-finite reads; a calibrated one also measures its noise floor
+            watch = noise_for(model, measured=calibrated) if calibrated or tol_numeric else None
             return search(name, tol, plan.strategy, plan.measure, plan.describe, seed=seed,
-                          max_examples=max_examples, info=plan.info)
+                          max_examples=max_examples, info=plan.info, noise=watch)
 
         # the body's name, module and docstring; the signature stays the public check's (no __wrapped__)
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -271,7 +280,8 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
         hooks_text = needs_doc if callable(needs) else (
             needs_doc or ", ".join(n.replace("|", " or ") for n in needs) or "none (outputs only)")
         register(Property(name, "model", order, check, body.__module__, summary_line(body), applies.text(),
-                          hooks_text, _tolerance_text(tolerance, rule), applies))
+                          hooks_text, (f"{MEASURED_RULE}; with no twin, " if calibrated else "")
+                          + _tolerance_text(tolerance, rule), applies))
         return check
 
     return decorate

@@ -23,6 +23,7 @@ from hypothesis.strategies import SearchStrategy
 from harness._checks import check_int, check_positive_int
 from harness.adapters.protocol import HookNotObserved, ModelError
 from harness.errors import AttnlabError
+from properties.precision import NOT_COMPARABLE, Noise, calibrating
 
 STATUSES = ("pass", "fail", "n/a", "unobservable")
 
@@ -39,6 +40,10 @@ class PropertyResult:
     ``applicable``/``passed`` are kept for older readers: n/a is (False, None), unobservable
     (True, None). ``worst`` is the largest deviation seen (NaN when nothing was measured), in
     the unit the property's docstring gives. ``status`` is derived when left empty.
+    ``noise_floor``, ``allowance`` and ``ratio = worst / allowance`` say how close the verdict was
+    (properties/precision.py): for a calibrated row they are those of the example with the largest
+    ratio, and ``tolerance`` is that allowance; an exact or uncalibrated row has noise_floor NaN and
+    allowance = tolerance.
     """
 
     property: str
@@ -49,6 +54,9 @@ class PropertyResult:
     counterexample: str = ""
     status: str = ""
     reason: str = ""
+    noise_floor: float = math.nan
+    allowance: float = math.nan
+    ratio: float = math.nan
 
     def __post_init__(self) -> None:
         derived = ("n/a" if not self.applicable else "unobservable" if self.passed is None
@@ -58,6 +66,11 @@ class PropertyResult:
         elif self.status != derived:
             raise AttnlabError(f"status={self.status!r} is invalid for applicable={self.applicable}, "
                                f"passed={self.passed}: expected {derived!r}")
+        if math.isnan(self.allowance) and self.applicable and self.passed is not None:
+            object.__setattr__(self, "allowance", self.tolerance)
+        if math.isnan(self.ratio) and not math.isnan(self.allowance):
+            ratio = self.worst / self.allowance if self.allowance > 0 else (0.0 if self.worst == 0 else math.inf)
+            object.__setattr__(self, "ratio", ratio)
 
     @classmethod
     def not_applicable(cls, name: str, tolerance: float, reason: str = "") -> PropertyResult:
@@ -102,22 +115,29 @@ def offset_text(example: Any) -> str:
 
 def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measure,
            describe: Callable[[Any], str], *, seed: int, max_examples: Optional[int],
-           info: Callable[[], str] = lambda: "") -> PropertyResult:
-    """Search ``strategy`` for an input with ``measure(x)[0] > tolerance``.
+           info: Callable[[], str] = lambda: "", noise: Optional[Noise] = None) -> PropertyResult:
+    """Search ``strategy`` for an input whose ``measure(x)[0]`` exceeds its allowance.
 
     ``measure`` returns (deviation, where): the deviation (NaN counts as a failure) and a short
     note on where it occurred; ``describe`` turns an input into a short string; ``info()``, called
-    at the end, becomes the row's ``reason``. A model that raises (:class:`ModelError`) fails the
+    at the end, becomes the row's ``reason``. Without ``noise`` the allowance is ``tolerance``;
+    with it (a calibrated property, properties/precision.py) each example's allowance comes from
+    its measured noise floor, and an example on which the check read a non-finite value makes the
+    row unobservable ("not comparable"). A model that raises (:class:`ModelError`) fails the
     property; a hook that does not fire (:class:`HookNotObserved`) or an error in the check's own
     code makes it unobservable: the harness could not look, which says nothing about the model.
     """
     check_search_args(seed, max_examples)
-    worst = [0.0]
+    calibrated = noise is not None and noise.calibrated
+    # at the example with the largest ratio: (ratio, deviation, floor, allowance)
+    worst = [(0.0, 0.0, 0.0 if calibrated else math.nan, noise.minimum if calibrated and noise else tolerance)]
     unobserved: list[str] = []
 
     def prop(example: Any) -> None:
         if unobserved:  # nothing more can be seen; let the search end quickly
             return
+        if noise is not None:
+            noise.start()
         try:
             deviation, where = measure(example)
         except HookNotObserved as exc:
@@ -128,13 +148,24 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
         except Exception as exc:  # the check's own code failed on what the model's hooks returned
             unobserved.append(f"the check could not read the model: {type(exc).__name__}: {exc}")
             return
+        if noise is not None and noise.nonfinite:
+            unobserved.append(f"{NOT_COMPARABLE}: {noise.nonfinite} on input {describe(example)}")
+            return
         deviation = float(deviation)
         if math.isnan(deviation):
             deviation = math.inf
-        worst[0] = max(worst[0], deviation)
-        target(min(deviation, 1e300), label=name)  # hill-climb towards larger deviations
-        if deviation > tolerance:
+        floor, allowance = (noise.example_floor(), noise.allowance()) if calibrated and noise else (math.nan, tolerance)
+        ratio = deviation / allowance if allowance > 0 else (0.0 if deviation == 0 else math.inf)
+        if ratio >= worst[0][0]:
+            worst[0] = (ratio, deviation, floor, allowance)
+        target(min(ratio, 1e300), label=name)  # hill-climb towards larger deviations, in allowances
+        if deviation > allowance:
             raise Violation(deviation, f"{describe(example)}: {where}")
+
+    def result(passed: bool, counterexample: str = "") -> PropertyResult:
+        ratio, deviation, floor, allowance = worst[0]
+        return PropertyResult(name, True, passed, deviation, allowance, counterexample, reason=info(),
+                              noise_floor=floor, allowance=allowance, ratio=ratio)
 
     configured = settings(
         max_examples=max_examples or cast(settings, settings.default).max_examples,
@@ -149,14 +180,14 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
     )
     test = configured(hypothesis_seed(seed)(given(strategy)(prop)))
     try:
-        test()
+        with calibrating(noise):
+            test()
     except Violation as v:  # hypothesis re-raises the shrunk (minimal) failing example last
-        return PropertyResult(name, True, False, worst[0], tolerance, v.description, reason=info())
+        return result(False, v.description)
     except Flaky:  # the same input failed once and passed on replay: the model is not deterministic
         if unobserved:  # the replay stopped early because a hook went silent, not the model
             return PropertyResult.unobservable(name, tolerance, unobserved[0])
-        return PropertyResult(name, True, False, worst[0], tolerance,
-                              "non-deterministic: an input failed once and passed when replayed", reason=info())
+        return result(False, "non-deterministic: an input failed once and passed when replayed")
     if unobserved:
         return PropertyResult.unobservable(name, tolerance, unobserved[0])
-    return PropertyResult(name, True, True, worst[0], tolerance, "", reason=info())
+    return result(True)

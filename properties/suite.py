@@ -21,7 +21,10 @@ from properties.search import check_search_args
 # each property's ``order``. The component-level formulas (rotary_formula, sinusoidal_formula) check
 # harness.model.positions rather than a model, so they are registered but are not rows here.
 PROPERTIES: Mapping[str, Check] = SUITE
-COLUMNS = ["property", "applicable", "passed", "worst", "tolerance", "counterexample", "status", "reason"]
+# the precision columns (properties/precision.py); a properties.csv written before them reads them as NaN
+PRECISION_COLUMNS = ["noise_floor", "allowance", "ratio"]
+COLUMNS = ["property", "applicable", "passed", "worst", "tolerance", *PRECISION_COLUMNS, "counterexample", "status",
+           "reason"]
 
 
 def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] = None,
@@ -29,7 +32,8 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
                 device: Any = None, attn_implementation: Optional[str] = None) -> pd.DataFrame:
     """Run the property checks on a model that follows the protocol; one row per property.
 
-    Columns: ``property, applicable, passed, worst, tolerance, counterexample, status, reason``.
+    Columns: :data:`COLUMNS` (``property, applicable, passed, worst, tolerance, noise_floor, allowance,
+    ratio, counterexample, status, reason``; the precision columns: properties/precision.py).
     ``status`` is pass / fail / n/a / unobservable (a hook the property needs does not exist or
     never fires on this model: ``reason`` names it; never a failure). ``worst`` is the largest
     deviation seen, ``counterexample`` the shrunk input that broke the property ("" when it

@@ -33,9 +33,9 @@ import torch
 from hypothesis import strategies as st
 
 from harness._checks import check_positive_int
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import fmt, max_len
 from properties.design import unit_roundoff
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 
 TOLERANCE = 1.0

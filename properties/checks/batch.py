@@ -6,13 +6,13 @@ between the batched run and each row run alone (``_common.LOGIT_RTOL``).
 
 from __future__ import annotations
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.precision import forward_capture
 from properties.registry import Case, Plan, model_property
 from properties.strategies import token_batches
 
 
-@model_property(name="batch_independence", order=70, tolerance=LOGIT_RTOL,
+@model_property(name="batch_independence", order=70, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE)
 def batch_independence(case: Case) -> Plan:
     """``f(x)[i] == f(x[i:i+1])[0]`` for every row i of a batch of 2-3 sequences."""

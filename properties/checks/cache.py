@@ -23,8 +23,9 @@ from typing import Any, Optional
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import CACHED_DECODING, call_model, forward_capture, has_cached_decoding, model_device
+from harness.adapters.protocol import CACHED_DECODING, call_model, has_cached_decoding, model_device
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import padded_batches, token_batches
 
@@ -63,7 +64,7 @@ def _decodes(model: Any) -> Optional[str]:
     return f"no {CACHED_DECODING} or generate method"
 
 
-@model_property(name="kv_cache", order=120, tolerance=LOGIT_RTOL,
+@model_property(name="kv_cache", order=120, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE,
                 applies=Applies(attention=("causal",), min_ctx=2, reason="attention_dir={cfg.attention_dir!r}",
                                 when=_decodes, when_doc=f"has {CACHED_DECODING} or generate"))

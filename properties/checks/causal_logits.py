@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import token_batches
 
 
-@model_property(name="causal_outputs", order=20, tolerance=LOGIT_RTOL,
+@model_property(name="causal_outputs", order=20, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE,
                 applies=Applies(attention=("causal",), min_ctx=2, min_vocab=2,  # a change of token needs two ids
                                 reason="attention_dir={cfg.attention_dir!r}"))

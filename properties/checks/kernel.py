@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import all_heads, forward_capture
+from harness.adapters.protocol import all_heads
 from properties.checks._common import fmt, max_len, where_max
 from properties.design import model_dtype, windows
+from properties.precision import forward_capture
 from properties.registry import Case, Plan, model_property
 from properties.search import masked_text
 from properties.strategies import padded_batches, token_batches
@@ -29,7 +30,8 @@ def tolerance_for(dtype: torch.dtype) -> float:
     return max(1e-4, 16 * torch.finfo(dtype).eps)
 
 
-@model_property(name="kernel_consistency", order=150, tolerance=lambda model: tolerance_for(model_dtype(model)),
+@model_property(name="kernel_consistency", order=150, calibrated=True,
+                tolerance=lambda model: tolerance_for(model_dtype(model)),
                 rule="max(1e-4, 16 eps of the model's dtype) of max(1, max|v|): two float32 evaluations of a "
                      "<= 24-term weighted sum differ by ~n * 2^-24",
                 needs=("blocks.{layer}.attn.hook_pattern", "blocks.{layer}.attn.hook_v", "blocks.{layer}.attn.hook_z"))

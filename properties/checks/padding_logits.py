@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import PaddedBatch, padded_batches
 
@@ -22,7 +22,7 @@ def padded_inputs(cfg: Any):
     return padded_batches(cfg.d_vocab, max_batch=2, max_len=max(1, n * 3 // 5), max_pad=max(1, n - n * 3 // 5))
 
 
-@model_property(name="padding_outputs", order=50, tolerance=LOGIT_RTOL,
+@model_property(name="padding_outputs", order=50, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE,
                 applies=Applies(min_ctx=2, reason="n_ctx < 2"))
 def padding_outputs(case: Case) -> Plan:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import fmt, max_len, where_max
+from properties.precision import forward_capture
 from properties.registry import Case, Plan, model_property
 from properties.search import masked_text
 from properties.strategies import padded_batches, token_batches
@@ -19,7 +19,7 @@ from properties.strategies import padded_batches, token_batches
 TOLERANCE = 1e-5
 
 
-@model_property(name="pattern_distribution", order=40, tolerance=TOLERANCE,
+@model_property(name="pattern_distribution", order=40, calibrated=True, tolerance=TOLERANCE,
                 rule="a float32 softmax row of n <= 16 weights sums to 1 within n * 2^-24 ~ 1e-6",
                 needs=("blocks.{layer}.attn.hook_pattern",))
 def pattern_distribution(case: Case) -> Plan:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import permutations, token_batches
 
 
-@model_property(name="permutation_equivariance", order=10, tolerance=LOGIT_RTOL,
+@model_property(name="permutation_equivariance", order=10, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE,
                 applies=Applies(positional=("none",), attention=("bidirectional",), min_ctx=2))
 def permutation_equivariance(case: Case) -> Plan:

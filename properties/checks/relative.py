@@ -9,15 +9,15 @@ depends on position at all. Offsets reach ``MAX_OFFSET = 256`` or as far as posi
 
 from __future__ import annotations
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, scaled_deviation, tokens_and_offset
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.search import offset_text
 
 MAX_OFFSET = 256
 
 
-@model_property(name="relative_position", order=90, tolerance=LOGIT_RTOL,
+@model_property(name="relative_position", order=90, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE,
                 applies=Applies(positional=("rotary", "alibi", "none"), min_ctx=2))
 def relative_position(case: Case) -> Plan:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import forward_capture
 from properties import design
 from properties.checks._common import fmt, max_len, where_max
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, hook_gap, model_property
 from properties.strategies import position_offsets, token_batches
 
@@ -22,7 +22,7 @@ MAX_OFFSET = 256
 NORM_RTOL = 1e-5
 
 
-@model_property(name="rotary_norm", order=100, tolerance=NORM_RTOL,
+@model_property(name="rotary_norm", order=100, calibrated=True, tolerance=NORM_RTOL,
                 rule="relative to the head vector's norm: a float32 rotation changes a norm by ~3 * 2^-24",
                 applies=Applies(positional=("rotary",),
                                 reason="positional_embedding_type={cfg.positional_embedding_type!r}"),

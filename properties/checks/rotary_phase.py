@@ -25,9 +25,9 @@ from typing import Any, Optional
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import fmt, max_len, where_max
 from properties.design import rotary_design, unit_roundoff
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.search import offset_text
 from properties.strategies import token_batches

@@ -9,15 +9,15 @@ entry (a sum of d_model products <= 1) by < 2e-5 relative.
 
 from __future__ import annotations
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import fmt, scaled_deviation, tokens_and_offset
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.search import offset_text
 
 GRAM_RTOL = 1e-4
 
 
-@model_property(name="sinusoidal_shift", order=110, tolerance=GRAM_RTOL,
+@model_property(name="sinusoidal_shift", order=110, calibrated=True, tolerance=GRAM_RTOL,
                 rule="relative to max(1, max|Gram|): float32 angles up to position 72 move a Gram entry by < 2e-5",
                 applies=Applies(positional=("sinusoidal",), min_ctx=3), needs=("hook_pos_embed",))
 def sinusoidal_shift(case: Case) -> Plan:

@@ -57,7 +57,7 @@ def rope(x: Tensor, pos: Tensor, base: float, layout: str = "half") -> Tensor:
     d = x.shape[-1]
     inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = pos.double()[..., None, None] * inv  # [b, n, 1, d/2]
-    cos, sin = ang.cos().float(), ang.sin().float()
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)  # the table in the activations' dtype
     if layout == "half":
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1)
@@ -178,7 +178,7 @@ class RefAttention(nn.Module):
             cache.k[layer], cache.v[layer] = k, v
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.scale()
         if cfg.positional_embedding_type == "alibi":
-            scores = scores + self.alibi_bias(q_pos, k_pos)
+            scores = scores + self.alibi_bias(q_pos, k_pos).to(scores.dtype)  # the bias in the model's dtype
         q_idx, k_idx = torch.arange(past, past + n), torch.arange(past + n)
         allowed = self.allowed(q_idx, k_idx, key_mask)
         raw = scores
@@ -269,7 +269,8 @@ class RefModel(HookedRootModule):
         k_pos = self.positions(full_mask, position_offset)
         x = self.hook_embed(self.embed(tokens))
         pe = self.embed_positions(q_pos)
-        if pe is not None:
+        if pe is not None:  # tables are built in float64 and stored in the model's dtype, as a cast model would
+            pe = pe.to(x.dtype)
             x = x + (self.hook_pos_embed(pe) if hasattr(self, "hook_pos_embed") else pe)
         for layer, block in enumerate(self.blocks):
             x = block(x, q_pos, k_pos, full_mask, layer, cache)

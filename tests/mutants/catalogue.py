@@ -93,8 +93,8 @@ def _skewed_rope(x: Tensor, pos: Tensor, base: float) -> Tensor:
     d = x.shape[-1]
     inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = pos.double()[..., None, None] * inv
-    cos = ang.cos().repeat_interleave(2, -1).float()
-    sin = torch.cat((ang.sin(), ang.sin()), -1).float()
+    cos = ang.cos().repeat_interleave(2, -1).to(x.dtype)
+    sin = torch.cat((ang.sin(), ang.sin()), -1).to(x.dtype)
     rotated_half = torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1)
     return x * cos + rotated_half * sin
 
@@ -193,7 +193,7 @@ def _bf16_rope(x: Tensor, pos: Tensor, base: float) -> Tensor:
     d = x.shape[-1]
     inv = (1.0 / base ** (torch.arange(0, d, 2).float() / d)).bfloat16()
     ang = (pos.bfloat16()[..., None, None] * inv).float()
-    cos, sin = ang.cos(), ang.sin()
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1)
 

@@ -1,0 +1,202 @@
+"""Precision-calibrated allowances: the one owner of how a numeric property's allowance is set.
+
+The rule. A numeric property compares two computations that are equal in exact arithmetic
+(batched vs alone, padded vs unpadded, a score vs ``scale * q.k`` ...). At the model's own dtype
+they differ by rounding; a bug makes them differ by more. For every example the search draws,
+each forward pass of the check (:func:`forward_capture`) also runs on a **float64 golden twin**
+of the model (same weights, upcast), and the **noise floor** of that example is the worst scaled
+deviation ``max|own - golden| / max|golden|`` (:func:`scaled_gap`) of any tensor the check read
+(the logits and every captured activation) from its golden twin. The **allowance** is::
+
+    allowance = max(FACTOR * floor, FACTOR * u64 * reduction)
+
+Derivation of ``FACTOR = 4``. For a check whose deviation is ``d(a, b)`` of two tensors it read,
+the triangle inequality gives ``d(a, b) <= d(a, a64) + d(b, b64) + d(a64, b64) <= 2 floor + d64``
+(the checks scale by ``max(1, max|.|)``, at least the floor's ``max|.|``): rounding alone can
+never move it past twice the floor, and ``d64``, the golden twin's own deviation (~1e-15 for a
+correct model), is where a bug lives. A bug is in both copies, so it is not in the floor. 2
+covers the two sides; the second factor of 2 covers checks that derive their deviation from the
+tensors (a row sum, a norm, ``q.k``) rather than comparing two of them. This is how PyTorch's
+SDPA tests set theirs (test_transformers.py: the allowance scales with a low-precision
+reference's deviation from a float64 golden run, times a fudge factor).
+
+The minimum ``FACTOR * u64 * reduction`` (u64 = 2^-53, float64's unit roundoff; ``reduction``:
+the longest sum in a forward pass, ``max(d_model, d_mlp, n_ctx)``) is the classic bound on a
+rounded dot product (Higham 2002 §3.1, ``|error| <= n u |x||y|``) applied to the one rounding the
+floor cannot see: the golden twin's own. It decides where the floor is ~0: a float64 model (its
+twin is itself, so a float64 reorder is all there is), or an example whose own-dtype tensors
+happen to equal the twin's. It is derived from float64's epsilon, not typed per dtype; a
+float32/bfloat16/float16 model's own rounding is in its measured floor.
+
+A model no float64 twin can be made of (a plain function behind FunctionModel) is judged by the
+property's declared float32 tolerance, and its row says so (noise_floor NaN). On an example where
+the twin goes non-finite and the model does not (the zoo's tiny Gemma-2 in float64 turns an
+all-masked padded row into NaN, which reaches real rows through 0 * NaN), the floor is the
+model's on a plain unpadded input, same hooks: its rounding noise at this dtype, measured once.
+
+Non-finite values. A numeric check (calibrated, or one with its own dtype-derived allowance)
+that reads a non-finite tensor (``-inf`` allowed in ``hook_attn_scores``, where it is how masked
+scores are written) cannot compare anything: the row is **unobservable** with reason
+:data:`NOT_COMPARABLE`, and ``finite_outputs`` (exact) names where the values go non-finite.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from harness.adapters import protocol
+from harness.adapters.placement import placed
+from properties.design import model_dtype, unit_roundoff
+
+FACTOR = 4.0
+NOT_COMPARABLE = "not comparable: non-finite values (see finite_outputs)"
+RULE = "measured: 4 x the noise floor against a float64 twin, at least 4 u64 x reduction (docs/precision.md)"
+
+
+def nonfinite_mask(name: str, t: Tensor) -> Tensor:
+    """bool: the entries of hook (or output) ``name`` that are not finite; ``-inf`` is allowed in scores."""
+    if not t.is_floating_point():
+        return torch.zeros_like(t, dtype=torch.bool)
+    if name.endswith("hook_attn_scores"):
+        return t.isnan() | (t == math.inf)
+    return ~torch.isfinite(t)
+
+
+def scaled_gap(own: Tensor, golden: Tensor) -> float:
+    """``max|own - golden| / max|golden|`` over the entries finite in both (0 for empty or all-zero tensors).
+
+    Relative to the tensor's own scale, not ``max(1, .)``: a tensor of small entries (q, k, a
+    pattern) carries the same relative rounding as a large one, and a check that compares norms
+    or row sums of it measures in that relative unit. For checks scaled by ``max(1, .)`` this
+    floor is only larger, so the bound below still holds.
+    """
+    own, golden = own.double(), golden.double().to(own.device)
+    ok = torch.isfinite(own) & torch.isfinite(golden)
+    if not bool(ok.any()):
+        return 0.0
+    diff = (own - golden).abs()[ok]
+    top = float(golden[ok].abs().max())
+    return float(diff.max()) / top if top > 0 else 0.0
+
+
+def reduction_size(cfg: Any) -> int:
+    """The longest sum in a forward pass: a dot product over d_model, d_mlp, or the keys of n_ctx."""
+    return max(int(cfg.d_model), int(getattr(cfg, "d_mlp", 0) or 0), int(cfg.n_ctx))
+
+
+@dataclass
+class Noise:
+    """One check's calibration: the golden twin, and per example the floor and any non-finite read."""
+
+    model: Any
+    golden: Optional[Any]
+    minimum: float
+    measured: bool = True  # False: the check keeps its own allowance, only non-finite reads are watched
+    floor: float = 0.0
+    nonfinite: str = ""
+    blind: bool = False  # the twin went non-finite where the model did not: no floor on this example
+    seen: tuple[str, ...] = ()  # the hooks this example captured (for the reference floor)
+    reference: dict[tuple[str, ...], float] = field(default_factory=dict)
+
+    @property
+    def calibrated(self) -> bool:
+        """False when no float64 twin exists and the model is not float64 itself: use the declared tolerance."""
+        return self.measured and (self.golden is not None or model_dtype(self.model) == torch.float64)
+
+    def start(self) -> None:
+        self.floor, self.nonfinite, self.blind, self.seen = 0.0, "", False, ()
+
+    def example_floor(self) -> float:
+        """The example's floor; where the twin was blind, the model's floor on a plain input instead."""
+        if not self.blind or self.golden is None:
+            return self.floor
+        if self.seen not in self.reference:
+            x = torch.arange(min(self.model.cfg.n_ctx, 8))[None] % self.model.cfg.d_vocab
+            own, own_acts = protocol.forward_capture(self.model, x, capture=self.seen)
+            gold, gold_acts = protocol.forward_capture(self.golden, x, capture=self.seen)
+            gaps = [scaled_gap(own, gold)] + [scaled_gap(own_acts[n], gold_acts[n]) for n in self.seen]
+            self.reference[self.seen] = max(gaps)
+        return max(self.floor, self.reference[self.seen])
+
+    def allowance(self) -> float:
+        return max(FACTOR * self.example_floor(), self.minimum)
+
+    def record(self, name: str, own: Tensor, golden: Optional[Tensor]) -> None:
+        if not self.nonfinite and bool(nonfinite_mask(name, own).any()):
+            self.nonfinite = name
+        if name != "logits":
+            self.seen = tuple(dict.fromkeys([*self.seen, name]))
+        if golden is None:
+            return
+        if bool((nonfinite_mask(name, golden.to(own.device)) & ~nonfinite_mask(name, own)).any()):
+            self.blind = True  # e.g. a float64 mask minimum that a soft-cap turns into NaN
+        self.floor = max(self.floor, scaled_gap(own, golden))
+
+
+_ACTIVE: ContextVar[Optional[Noise]] = ContextVar("attnlab_precision_noise", default=None)
+_TWINS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], Optional[Any]]] = weakref.WeakKeyDictionary()
+
+
+def _fingerprint(model: Any) -> tuple[int, ...]:
+    """Changes when a parameter is replaced or written in place, so a stale twin is never reused."""
+    return tuple(v for p in model.parameters() for v in (p.data_ptr(), p._version))
+
+
+def golden_twin(model: Any) -> Optional[Any]:
+    """A float64 copy of ``model`` (cached while its weights are unchanged); None if it is float64 or cannot be made.
+
+    A copy that still computes in a lower dtype (a function ignoring its parameters' dtype) is no twin.
+    """
+    if model_dtype(model) == torch.float64:
+        return None
+    key = _fingerprint(model)
+    cached = _TWINS.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    twin = placed(model, dtype="float64")  # a copy: the model the user gave is untouched
+    twin.eval()
+    made = twin if model_dtype(twin) == torch.float64 else None
+    _TWINS[model] = (key, made)
+    return made
+
+
+def noise_for(model: Any, *, measured: bool = True) -> Noise:
+    """The calibration of one check on ``model``: its golden twin (when ``measured``) and the float64 minimum."""
+    minimum = FACTOR * unit_roundoff(torch.float64) * reduction_size(model.cfg)
+    return Noise(model, golden_twin(model) if measured else None, minimum, measured)
+
+
+@contextmanager
+def calibrating(noise: Optional[Noise]) -> Iterator[None]:
+    """Within the block, :func:`forward_capture` on ``noise.model`` records into ``noise``."""
+    token = _ACTIVE.set(noise)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def forward_capture(model: Any, tokens: Tensor, **kw: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`harness.adapters.protocol.forward_capture`, also run on the golden twin when a check is calibrating.
+
+    Records the scaled deviation of the logits and every captured activation from the twin's (a
+    patched pass is not twinned: its patch values are the model's own-dtype activations).
+    """
+    logits, acts = protocol.forward_capture(model, tokens, **kw)
+    noise = _ACTIVE.get()
+    if noise is None or model is not noise.model:
+        return logits, acts
+    twin = noise.golden if not kw.get("patch") else None
+    g_logits, g_acts = protocol.forward_capture(twin, tokens, **kw) if twin is not None else (None, {})
+    for name, own in [*acts.items(), ("logits", logits)]:
+        noise.record(name, own, g_logits if name == "logits" else g_acts.get(name))
+    return logits, acts

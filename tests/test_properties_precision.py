@@ -1,0 +1,148 @@
+"""Precision-calibrated verdicts (properties/precision.py): correct models are clean at every dtype, bugs still die.
+
+A correct model (the mutants' reference, our Transformer, tiny HF models) cast to bfloat16 or
+float16 raises no alarm; the mutants cast to bfloat16 are still caught by the properties their
+bug must break, except the one whose bug is bfloat16 rounding itself, which the kill matrix
+reports as hidden. A model that goes non-finite fails finite_outputs only; its other numeric rows
+are "not comparable", never an inf deviation.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from harness import ModelConfig, Transformer
+from harness.adapters import placed
+from properties import check_model
+from properties.precision import FACTOR, NOT_COMPARABLE, golden_twin, noise_for, scaled_gap
+from tests.mutants.base import RefConfig, RefModel
+from tests.mutants.catalogue import MUTANTS
+from tests.mutants.kill_matrix import cell
+from tests.zoo import build
+
+MAX_EXAMPLES = 6
+LOW = ("bfloat16", "float16")
+# fast: a mask, a softmax, a scale and a position bug, each in bfloat16; the rest in the slow tier
+FAST_MUTANTS = ("causal_mask_off_by_one", "softmax_over_queries", "missing_scale", "kv_cache_restarts_positions")
+HIDDEN = {"rotary_phase_in_bfloat16": "bfloat16"}  # the bug is the dtype's own rounding: it cannot show there
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _fails(frame):
+    return frame[frame.status == "fail"][["property", "worst", "allowance", "counterexample"]].to_dict("records")
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_reference_model_is_clean_in_low_precision(dtype):
+    frame = check_model(placed(RefModel(RefConfig(positional_embedding_type="rotary")), dtype=dtype),
+                        max_examples=MAX_EXAMPLES)
+    assert _fails(frame) == []
+    measured = frame[frame.noise_floor.notna() & (frame.status == "pass")]
+    assert len(measured) >= 6  # the numeric rows were calibrated, not skipped
+    # each allowance is FACTOR x its floor (the floor is far above the float64 minimum in bf16/fp16)
+    assert (measured.allowance - FACTOR * measured.noise_floor).abs().max() < 1e-12
+    assert (measured.ratio <= 1).all() and (measured.tolerance == measured.allowance).all()
+
+
+def test_float32_allowance_is_measured_and_tighter_than_the_old_constant():
+    frame = check_model(RefModel(RefConfig(positional_embedding_type="standard")), max_examples=MAX_EXAMPLES)
+    row = frame.set_index("property").loc["batch_independence"]
+    assert row.status == "pass" and 0 < row.noise_floor < 1e-5 and row.allowance < 1e-4
+    assert row.ratio == pytest.approx(row.worst / row.allowance)
+
+
+def test_float64_model_uses_the_float64_minimum():
+    model = placed(RefModel(RefConfig()), dtype="float64")
+    assert golden_twin(model) is None  # it is its own twin
+    noise = noise_for(model)
+    assert 0 < noise.minimum < 1e-12 and noise.calibrated
+    frame = check_model(model, max_examples=MAX_EXAMPLES)
+    assert _fails(frame) == []
+    numeric = frame[frame.noise_floor.notna()]
+    assert (numeric.noise_floor == 0).all() and (numeric.allowance == noise.minimum).all()
+
+
+def test_twin_is_a_copy_and_the_floor_is_relative():
+    model = RefModel(RefConfig())
+    twin = golden_twin(model)
+    assert twin is not model and next(model.parameters()).dtype == torch.float32
+    assert next(twin.parameters()).dtype == torch.float64
+    assert golden_twin(model) is twin  # cached while the weights are unchanged
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert golden_twin(model) is not twin  # a written weight makes a new twin
+    a = torch.tensor([1.0, 2.0, 4.0])
+    assert scaled_gap(a * 1.01, a) == pytest.approx(0.01)
+    assert scaled_gap(torch.tensor([math.nan, 1.0]), torch.tensor([0.0, 1.0])) == 0.0
+
+
+@pytest.mark.parametrize("name", FAST_MUTANTS)
+def test_mutant_is_flagged_in_bfloat16(name):
+    _assert_flagged(next(m for m in MUTANTS if m.name == name), "bfloat16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.name not in FAST_MUTANTS], ids=lambda m: m.name)
+def test_every_mutant_is_flagged_or_reported_hidden(mutant, dtype):
+    _assert_flagged(mutant, dtype)
+
+
+def _assert_flagged(mutant, dtype):
+    frame = check_model(placed(mutant.build(), dtype=dtype), max_examples=10).set_index("property")
+    for prop in mutant.must_flag:
+        verdict = cell(frame.loc[prop], must_flag=True)
+        if HIDDEN.get(mutant.name) == dtype:
+            assert verdict.startswith("hidden"), (mutant.name, prop, verdict)
+        else:
+            assert verdict == "killed", (mutant.name, dtype, prop, frame.loc[prop].to_dict())
+
+
+def test_non_finite_model_fails_finite_outputs_and_nothing_else_reads_inf():
+    mutant = next(m for m in MUTANTS if m.name == "fully_masked_rows_nan")
+    frame = check_model(mutant.build(), max_examples=MAX_EXAMPLES).set_index("property")
+    assert frame.loc["finite_outputs", "status"] == "fail"
+    assert "first non-finite value in layer 0, blocks.0.attn.hook_pattern" in frame.loc["finite_outputs",
+                                                                                         "counterexample"]
+    others = frame.drop(index="finite_outputs")
+    assert not others.worst.isin([math.inf]).any()
+    not_comparable = others[others.reason.str.startswith(NOT_COMPARABLE)]
+    assert {"padding_outputs", "kv_cache"} <= set(not_comparable.index)
+    assert (not_comparable.status == "unobservable").all() and not_comparable.worst.isna().all()
+
+
+def test_float16_overflow_is_named_by_finite_outputs():
+    # a correct model whose residual stream outgrows float16's 65504 at layer 1: a precision finding
+    model = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=32, n_ctx=16,
+                                    positional_embedding_type="rotary"))
+    with torch.no_grad():
+        model.blocks[1].mlp.W_out.mul_(2e6)  # entries ~4e4 still fit; their sums do not
+    frame = check_model(placed(model, dtype="float16"), max_examples=MAX_EXAMPLES).set_index("property")
+    assert frame.loc["finite_outputs", "status"] == "fail"
+    assert "layer 1, blocks.1." in frame.loc["finite_outputs", "counterexample"]
+    assert not frame.worst.isin([math.inf]).any()
+    assert frame.drop(index="finite_outputs").status.ne("fail").all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma2"])
+def test_zoo_is_clean_in_low_precision(arch, dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        frame = check_model(placed(build(arch), dtype=dtype), max_examples=10)
+    assert _fails(frame) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", LOW)
+def test_our_transformer_is_clean_in_low_precision(dtype):
+    for pos in ("standard", "rotary", "alibi", "sinusoidal"):
+        cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=32, n_ctx=32, positional_embedding_type=pos)
+        assert _fails(check_model(placed(Transformer(cfg), dtype=dtype), max_examples=MAX_EXAMPLES)) == [], pos
