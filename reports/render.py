@@ -27,6 +27,7 @@ from PIL import Image  # matplotlib's own dependency: reads back the figures' si
 
 from harness.run_dir import RunDir, atomic_write_text
 from reports import figures as plots  # not `F`: that reads as torch.nn.functional
+from reports import figures_precision as precision_plot
 from reports import rundata
 from reports.rundata import RunData
 
@@ -116,6 +117,11 @@ def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]
                       "seeds. Without the 1/sqrt(d_head) scale the score variance grows like d_head and the "
                       "softmax saturates (Vaswani et al. 2017, section 3.2.1).",
                       lambda: plots.saturation(data.saturation)))
+    if data.properties is not None and not precision_plot.plotted_rows(data.properties).empty:
+        specs.append(("precision", "How close each verdict was", "Each numeric property's worst deviation against "
+                      "its allowance, which is measured from this model's rounding noise at its dtype (4 x the "
+                      "deviation of what the check read from a float64 twin; docs/precision.md). Log axes; rows "
+                      "above the dashed line y = x fail.", lambda: precision_plot.precision_margins(data.properties)))
     if data.importance:
         specs.append(("importance", "Head importance", "Loss change when each head is removed (ablation: output "
                       "set to zero; mean ablation: replaced by its per-position mean) and the gradient estimate "

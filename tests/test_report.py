@@ -17,11 +17,11 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from reports import figures, render, rundata
+from reports import figures, figures_precision, render, rundata
 from reports.cluster import average_linkage
 
 SECTIONS = ("headline", "model", "training", "properties", "saturation", "heads")
-FIGURES = ("training", "saturation", "importance", "prune_curve", "estimators", "similarity", "head_roles",
+FIGURES = ("training", "saturation", "precision", "importance", "prune_curve", "estimators", "similarity", "head_roles",
            "attention_entropy", "patterns")
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
@@ -274,3 +274,29 @@ def test_unobservable_rows_are_shown_with_their_reason_and_not_counted_as_failur
     assert f"unobservable: {props.loc[row, 'property']}" in text and reason in text
     md = paths.markdown.read_text(encoding="utf-8")
     assert f"| {props.loc[row, 'property']} | unobservable |" in md and reason in md
+
+
+def test_precision_columns_and_figure(run, tmp_path):
+    props = pd.read_csv(run.run_dir / "properties.csv")
+    numeric = props[props["noise_floor"].notna() & props["status"].isin(["pass", "fail"])]
+    assert len(numeric) >= 5 and (numeric["allowance"] > 0).all()
+    assert np.allclose(numeric["ratio"], numeric["worst"] / numeric["allowance"])
+    md = (run.run_dir / "report.md").read_text(encoding="utf-8")
+    assert "| noise floor | allowance | ratio |" in md and "figures/precision.png" in md
+    # the figure plots exactly the rows with a positive allowance and a finite deviation
+    assert len(figures_precision.plotted_rows(props)) == int(((props["allowance"] > 0) & props["worst"].notna()
+                                                              & props["status"].isin(["pass", "fail"])).sum())
+    with pytest.raises(ValueError, match="no row has a positive allowance"):
+        figures_precision.precision_margins(props.assign(allowance=0.0))
+
+
+def test_properties_csv_from_before_the_precision_columns_still_renders(run, tmp_path):
+    out = tmp_path / "old"
+    out.mkdir()
+    shutil.copytree(run.run_dir / "checkpoint", out / "checkpoint")
+    shutil.copy(run.run_dir / "metrics.csv", out / "metrics.csv")
+    props = pd.read_csv(run.run_dir / "properties.csv").drop(columns=["noise_floor", "allowance", "ratio"])
+    props.to_csv(out / "properties.csv", index=False)
+    paths = render.render(out)
+    assert not (out / "figures" / "precision.png").exists()  # nothing measured, nothing drawn
+    assert "| noise floor |" in paths.markdown.read_text(encoding="utf-8")
