@@ -28,7 +28,9 @@ MAX_EXAMPLES = 6
 LOW = ("bfloat16", "float16")
 # fast: a mask, a softmax, a scale and a position bug, each in bfloat16; the rest in the slow tier
 FAST_MUTANTS = ("causal_mask_off_by_one", "softmax_over_queries", "missing_scale", "kv_cache_restarts_positions")
-HIDDEN = {"rotary_phase_in_bfloat16": "bfloat16"}  # the bug is the dtype's own rounding: it cannot show there
+# the bug is bfloat16 rounding of the phase: in bf16 it is the model's own; in fp16 it sits at ratio ~0.98 of
+# rotary_precision's own allowance (16 u(float16) + ...), so the kill matrix reports it hidden, not killed
+HIDDEN = {"rotary_phase_in_bfloat16": ("bfloat16", "float16")}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -97,7 +99,7 @@ def _assert_flagged(mutant, dtype):
     frame = check_model(placed(mutant.build(), dtype=dtype), max_examples=10).set_index("property")
     for prop in mutant.must_flag:
         verdict = cell(frame.loc[prop], must_flag=True)
-        if HIDDEN.get(mutant.name) == dtype:
+        if dtype in HIDDEN.get(mutant.name, ()):
             assert verdict.startswith("hidden"), (mutant.name, prop, verdict)
         else:
             assert verdict == "killed", (mutant.name, dtype, prop, frame.loc[prop].to_dict())
