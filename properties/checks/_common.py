@@ -1,6 +1,9 @@
 """Shared pieces of the property checks: tolerances, deviations, input bounds, where a deviation peaks.
 
-Tolerances (float32 models, compared in float64):
+Tolerances. The allowance of every calibrated (numeric) property is measured per example from
+this model's rounding noise against a float64 twin: the rule and its derivation are owned by
+properties/precision.py (docs/precision.md). The constants below are the declared float32
+tolerances, used only for a model no float64 twin can be made of:
 - ``LOGIT_RTOL``: two forward passes that are equal in exact arithmetic but batch, pad,
   permute or offset differently run different kernels and summation orders. Each float32
   op has relative error <= 2^-24 ~ 6e-8; through a few layers with reductions over <= 512
