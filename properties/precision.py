@@ -29,7 +29,9 @@ happen to equal the twin's. It is derived from float64's epsilon, not typed per 
 float32/bfloat16/float16 model's own rounding is in its measured floor.
 
 A model no float64 twin can be made of (a plain function behind FunctionModel) is judged by the
-property's declared float32 tolerance, and its row says so (noise_floor NaN). On an example where
+property's declared float32 tolerance, and its row says so (noise_floor NaN); so is a float32 model
+whose float64 copy cannot run (transformers' XGLM overflows building float64's minimum in float32),
+while a bfloat16/float16 one then takes a float32 twin (rounding 2^-24 against 2^-8: still golden). On an example where
 the twin goes non-finite and the model does not (the zoo's tiny Gemma-2 in float64 turns an
 all-masked padded row into NaN, which reaches real rows through 0 * NaN), the floor is the
 model's on a plain unpadded input, same hooks: its rounding noise at this dtype, measured once.
@@ -55,6 +57,7 @@ from torch import Tensor
 
 from harness.adapters import protocol
 from harness.adapters.placement import placed
+from harness.errors import AttnlabError
 from properties.design import model_dtype, unit_roundoff
 
 FACTOR = 4.0
@@ -154,6 +157,10 @@ def _fingerprint(model: Any) -> tuple[int, ...]:
 def golden_twin(model: Any) -> Optional[Any]:
     """A float64 copy of ``model`` (cached while its weights are unchanged); None if it is float64 or cannot be made.
 
+    Where the float64 copy cannot run, a bfloat16/float16 model gets a float32 one (its rounding is
+    2^-24 against bf16's 2^-8: still a golden reference); a float32 model then has none and is judged by
+    the check's declared tolerance.
+
     A copy that still computes in a lower dtype (a function ignoring its parameters' dtype) is no twin.
     """
     if model_dtype(model) == torch.float64:
@@ -162,11 +169,31 @@ def golden_twin(model: Any) -> Optional[Any]:
     cached = _TWINS.get(model)
     if cached is not None and cached[0] == key:
         return cached[1]
-    twin = placed(model, dtype="float64")  # a copy: the model the user gave is untouched
-    twin.eval()
-    made = twin if model_dtype(twin) == torch.float64 else None
+    made = None
+    # float64 first; a model whose own code cannot run in float64 (transformers' XGLM builds a float32
+    # tensor from float64's minimum and overflows) is still far more precise in float32 than in bf16/fp16
+    goldens = [torch.float64] + ([torch.float32] if unit_roundoff(model_dtype(model)) > unit_roundoff(torch.float32)
+                                 else [])
+    for dtype in goldens:
+        twin = _runnable_twin(model, dtype)
+        if twin is not None:
+            made = twin
+            break
     _TWINS[model] = (key, made)
     return made
+
+
+def _runnable_twin(model: Any, dtype: torch.dtype) -> Optional[Any]:
+    """A copy of ``model`` at ``dtype`` that computes in it and runs a plain input; None otherwise."""
+    try:
+        twin = placed(model, dtype=str(dtype).removeprefix("torch.")).eval()  # a copy: the user's model is untouched
+        if model_dtype(twin) != dtype:
+            return None
+        x = torch.arange(min(model.cfg.n_ctx, 2))[None] % model.cfg.d_vocab
+        protocol.forward_capture(twin, x)
+    except (AttnlabError, protocol.ModelError):
+        return None
+    return twin
 
 
 def noise_for(model: Any, *, measured: bool = True) -> Noise:
