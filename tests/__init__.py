@@ -1,2 +1,2 @@
 # Imported here so jaxtyping's import hook finds it as ``tests.shape_checker`` (pyproject addopts).
-from tests._shapecheck import shape_checker  # noqa: F401
+from tests.helpers.shapecheck import shape_checker  # noqa: F401

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from harness import load_run
 from reports import options
 from reports.cli import cli
-from tests.helpers.cli_run import TINY, copy_run, invoke
+from tests.helpers.cli_run import TINY, assert_one_line_error, copy_run, invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("train", "check", "probe", "saturation", "report", "demo", "bench")
@@ -30,18 +30,6 @@ COMMANDS = ("train", "check", "probe", "saturation", "report", "demo", "bench")
 @pytest.fixture(scope="module")
 def run(tiny_run):
     return tiny_run
-
-
-def assert_one_line_error(result, code: int = 2, *needles: str) -> str:
-    """The error contract: the exit code, exactly one line on stderr, no traceback."""
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr.strip()
-    assert err.startswith("attnlab: "), err
-    assert len(err.splitlines()) == 1, err
-    assert "Traceback" not in result.output + result.stderr
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 # --- help and option mapping ---------------------------------------------------------------------
@@ -132,8 +120,8 @@ def test_train_writes_checkpoint_and_metrics(run):
 def test_check_prints_the_table_it_writes(run):
     out = run.results["check"].stdout
     table = pd.read_csv(run.run_dir / "properties.csv")
-    assert list(table.columns) == ["property", "applicable", "passed", "worst", "tolerance", "counterexample",
-                                   "status", "reason"]
+    assert list(table.columns) == ["property", "applicable", "passed", "worst", "tolerance", "noise_floor",
+                                   "allowance", "ratio", "counterexample", "status", "reason"]
     for name in table["property"]:
         assert name in out
     applicable = table[table["applicable"]]

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from reports.cli import cli
+from tests.helpers.cli_run import assert_one_line_error
 from tests.helpers.hf_models import VOCAB, gpt2, llama
-from tests.test_cli import assert_one_line_error
 
 FAST = ["--max-examples", "2", "--no-progress"]
 PROBE_FAST = ["--sequences", "4", "--seeds", "0", "--top-k", "1", "--no-progress"]

@@ -17,9 +17,8 @@ from click.testing import CliRunner
 from harness.adapters import placement
 from reports import external
 from reports.cli import cli
-from tests.helpers.cli_run import copy_run
+from tests.helpers.cli_run import assert_one_line_error, copy_run
 from tests.helpers.hf_models import llama
-from tests.test_cli import assert_one_line_error
 
 FAST = ["--max-examples", "2", "--no-progress"]
 

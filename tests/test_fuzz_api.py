@@ -3,7 +3,7 @@ case must raise ValueError/TypeError naming the value (forward, generate and pro
 
 Each strategy draws only values that are invalid by construction (out of range, wrong type, or a
 contradiction between fields), so a call that does not raise is a bug. Cases are counted by
-:mod:`tests.fuzz_helpers` and the total is printed at the end of the session. Errors are raised
+:mod:`tests.helpers.fuzz` and the total is printed at the end of the session. Errors are raised
 before any work (no forward pass, no file written): they cost microseconds, so the ``ci`` budget
 below (several hundred cases) runs in a few seconds.
 """
@@ -20,7 +20,7 @@ from harness import ModelConfig, TrainConfig, load_run, train
 from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, MAX_SEED, NORM_PLACEMENTS, POSITIONAL_TYPES
 from harness.training.config import DEVICES, OPTIMIZERS, SCHEDULES
 from harness.training.tasks import TASKS, make_task
-from tests.fuzz_helpers import (
+from tests.helpers.fuzz import (
     NAN,
     api_error,
     bad_choice,

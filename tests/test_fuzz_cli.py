@@ -4,7 +4,7 @@ Every generated command line is invalid by construction: an option value out of 
 the wrong type, an unknown choice, a contradiction between options, an unknown option, a path
 that is missing, a file, or no run. Each must end as one line on stderr naming the bad value,
 exit code 2, no traceback, and nothing written (the folders involved are snapshotted before and
-compared after). Cases are counted by :mod:`tests.fuzz_helpers`.
+compared after). Cases are counted by :mod:`tests.helpers.fuzz`.
 
 The other path is proved too: an exception that is not bad input (a TypeError, KeyError or plain
 ValueError raised inside a stage, as a bug of ours would) is a traceback, exit code 1 and one last
@@ -30,7 +30,7 @@ from harness.training.config import OPTIMIZERS, SCHEDULES
 from harness.training.presets import PRESETS
 from harness.training.tasks import TASKS
 from reports.cli import cli
-from tests.fuzz_helpers import cli_error, fuzz_settings, install_summary, snapshot
+from tests.helpers.fuzz import cli_error, fuzz_settings, install_summary, snapshot
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,7 +2,7 @@
 
 Each case must raise ValueError/TypeError naming the value, before any work: a probe's options
 are checked before its first forward pass (a hook counts the passes). Cases are counted by
-:mod:`tests.fuzz_helpers`; strategies draw only values invalid by construction.
+:mod:`tests.helpers.fuzz`; strategies draw only values invalid by construction.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import probes
 from harness import ModelConfig, Transformer
-from tests.fuzz_helpers import (
+from tests.helpers.fuzz import (
     NAN,
     api_error,
     bad_choice,

@@ -34,7 +34,7 @@ from click.testing import CliRunner
 from harness import load_run
 from harness.training.checkpoint import CHECKPOINT, FILES, OLD, TMP, checkpoint_dir, has_run, read_state
 from reports.cli import cli
-from tests.fuzz_helpers import TALLY, install_summary
+from tests.helpers.fuzz import TALLY, install_summary
 
 EXACT = ["step", "lr", "train_loss", "val_loss", "val_accuracy", "grad_norm"]  # the rest are wall-clock
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import torch
 import probes
 from harness import ModelConfig, Transformer
 from probes.compare import ESTIMATOR_COLUMNS, ESTIMATORS, average_ranks, kendall_tau_b, spearman
-from tests.test_probes_l0 import constant_tokens, constructed_model
+from tests.helpers.one_head_model import constant_tokens, constructed_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,10 +19,10 @@ from harness import ModelConfig, Transformer
 from harness.adapters import placed
 from properties import check_model
 from properties.precision import FACTOR, NOT_COMPARABLE, golden_twin, noise_for, scaled_gap
+from tests.helpers.zoo import build
 from tests.mutants.base import RefConfig, RefModel
 from tests.mutants.catalogue import MUTANTS
 from tests.mutants.kill_matrix import cell
-from tests.zoo import build
 
 MAX_EXAMPLES = 6
 LOW = ("bfloat16", "float16")

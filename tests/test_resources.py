@@ -29,7 +29,7 @@ from harness.training import loop as train_module
 from harness.training.checkpoint import CHECKPOINT, TMP, read_state
 from harness.training.tasks import make_task
 from reports.cli import cli
-from tests.fuzz_helpers import one_line_error, snapshot
+from tests.helpers.fuzz import one_line_error, snapshot
 
 MODEL = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=16, n_ctx=16, attn_only=True)
 CFG = TrainConfig(task="induction", seq_len=8, batch_size=8, steps=6, warmup=0, eval_every=2, eval_batches=1,

@@ -1,4 +1,4 @@
-"""Shape annotations are checked at run time under pytest (pyproject addopts, tests/_shapecheck.py)."""
+"""Shape annotations are checked at run time under pytest (pyproject addopts, tests/helpers/shapecheck.py)."""
 
 from typing import Optional
 
@@ -8,7 +8,7 @@ from jaxtyping import Float, TypeCheckError
 from torch import Tensor
 
 from harness.model import positions
-from tests._shapecheck import has_shape_hint
+from tests.helpers.shapecheck import has_shape_hint
 
 
 def test_a_shape_mismatch_in_an_annotated_function_raises():

@@ -31,7 +31,7 @@ from harness.training.metrics import COLUMNS as ALL_METRICS
 from harness.training.optim import make_optimizer
 from reports import pipeline, rundata
 from reports.cli import cli
-from tests.fuzz_helpers import count_file_case, fuzz_settings, install_summary, one_line_error, snapshot
+from tests.helpers.fuzz import count_file_case, fuzz_settings, install_summary, one_line_error, snapshot
 
 # The run every case damages a copy of; trained through the CLI so `train --resume` with the
 # same options finds the same configs.

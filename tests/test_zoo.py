@@ -1,4 +1,4 @@
-"""The zoo (tests/zoo.py): every failed row of the property suite on a tiny HF model is a documented finding.
+"""The zoo (tests/helpers/zoo.py): every failed row of the property suite on a tiny HF model is a documented finding.
 
 Fast tier: GPT-2, Llama, Bloom, BERT and Gemma 2 through HFAdapter and the bridge, the findings'
 witnesses, and the design facts whose absence caused false alarms (OPT's pre-scaled q, RoFormer's
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests import zoo
-from tests.zoo_witness import WITNESSES
+from tests.helpers import zoo
+from tests.helpers.zoo_witness import WITNESSES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 _ROWS: dict[tuple[str, str], zoo.ZooRow] = {}  # shared by the per-architecture tests and the docs test
@@ -103,7 +103,7 @@ def test_cohere_declares_interleaved_pairs():
 def test_docs_models_md_is_generated_from_the_zoo():
     rows = [_row(a, ad) for a in sorted(zoo.ZOO) for ad in zoo.ADAPTERS]
     text = zoo.DOC.read_text()
-    assert zoo.render_doc(rows, text) == text, "docs/models.md is stale: run python -m tests.zoo"
+    assert zoo.render_doc(rows, text) == text, "docs/models.md is stale: run python -m tests.helpers.zoo"
     assert "failed rows that are not: **0**" in text
 
 

@@ -57,3 +57,15 @@ def build_tiny_run(base: Path) -> TinyRun:
 def copy_run(run: TinyRun, dest: Path) -> Path:
     shutil.copytree(run.run_dir, dest)
     return dest
+
+
+def assert_one_line_error(result, code: int = 2, *needles: str) -> str:
+    """The error contract: the exit code, exactly one line on stderr, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    err = result.stderr.strip()
+    assert err.startswith("attnlab: "), err
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in result.output + result.stderr
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err

@@ -1,4 +1,4 @@
-"""Witnesses for the zoo's findings (tests/zoo.py FINDINGS), each independent of the property suite.
+"""Witnesses for the zoo's findings (tests/helpers/zoo.py FINDINGS), each independent of the property suite.
 
 Each function rebuilds the tiny model, shows the bug with the raw Hugging Face model or a
 hand-made comparison, and returns one line saying what it saw; it raises AssertionError when the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.zoo import build
+from tests.helpers.zoo import build
 
 FIRST, SECOND = torch.tensor([[3, 5]]), torch.tensor([[3, 9]])  # differ only at position 1
 
