@@ -157,9 +157,8 @@ def _fingerprint(model: Any) -> tuple[int, ...]:
 def golden_twin(model: Any) -> Optional[Any]:
     """A float64 copy of ``model`` (cached while its weights are unchanged); None if it is float64 or cannot be made.
 
-    Where the float64 copy cannot run, a bfloat16/float16 model gets a float32 one (its rounding is
-    2^-24 against bf16's 2^-8: still a golden reference); a float32 model then has none and is judged by
-    the check's declared tolerance.
+    Where the float64 copy raises on its first input, :func:`fallback_twin` replaces it (forward_capture
+    does this): a float32 copy for a bfloat16/float16 model, none for a float32 one.
 
     A copy that still computes in a lower dtype (a function ignoring its parameters' dtype) is no twin.
     """
@@ -169,31 +168,27 @@ def golden_twin(model: Any) -> Optional[Any]:
     cached = _TWINS.get(model)
     if cached is not None and cached[0] == key:
         return cached[1]
-    made = None
-    # float64 first; a model whose own code cannot run in float64 (transformers' XGLM builds a float32
-    # tensor from float64's minimum and overflows) is still far more precise in float32 than in bf16/fp16
-    goldens = [torch.float64] + ([torch.float32] if unit_roundoff(model_dtype(model)) > unit_roundoff(torch.float32)
-                                 else [])
-    for dtype in goldens:
-        twin = _runnable_twin(model, dtype)
-        if twin is not None:
-            made = twin
-            break
+    made = _twin_at(model, torch.float64)
     _TWINS[model] = (key, made)
     return made
 
 
-def _runnable_twin(model: Any, dtype: torch.dtype) -> Optional[Any]:
-    """A copy of ``model`` at ``dtype`` that computes in it and runs a plain input; None otherwise."""
+def fallback_twin(model: Any) -> Optional[Any]:
+    """The twin to use when the float64 one raised (transformers' XGLM builds a float32 tensor from
+    float64's minimum and overflows): a float32 copy for a bfloat16/float16 model (rounding 2^-24
+    against bf16's 2^-8: still golden), else None (the check's declared tolerance)."""
+    made = _twin_at(model, torch.float32) if unit_roundoff(model_dtype(model)) > unit_roundoff(torch.float32) \
+        else None
+    _TWINS[model] = (_fingerprint(model), made)
+    return made
+
+
+def _twin_at(model: Any, dtype: torch.dtype) -> Optional[Any]:
     try:
         twin = placed(model, dtype=str(dtype).removeprefix("torch.")).eval()  # a copy: the user's model is untouched
-        if model_dtype(twin) != dtype:
-            return None
-        x = torch.arange(min(model.cfg.n_ctx, 2))[None] % model.cfg.d_vocab
-        protocol.forward_capture(twin, x)
-    except (AttnlabError, protocol.ModelError):
+    except AttnlabError:  # e.g. a dtype this device cannot compute in
         return None
-    return twin
+    return twin if model_dtype(twin) == dtype else None
 
 
 def noise_for(model: Any, *, measured: bool = True) -> Noise:
@@ -223,7 +218,15 @@ def forward_capture(model: Any, tokens: Tensor, **kw: Any) -> tuple[Tensor, dict
     if noise is None or model is not noise.model:
         return logits, acts
     twin = noise.golden if not kw.get("patch") else None
-    g_logits, g_acts = protocol.forward_capture(twin, tokens, **kw) if twin is not None else (None, {})
+    g_logits: Optional[Tensor] = None
+    g_acts: dict[str, Tensor] = {}
+    if twin is not None:
+        try:
+            g_logits, g_acts = protocol.forward_capture(twin, tokens, **kw)
+        except protocol.ModelError:  # the model's own code cannot run at the twin's dtype
+            noise.golden = twin = fallback_twin(model)
+            if twin is not None:
+                g_logits, g_acts = protocol.forward_capture(twin, tokens, **kw)
     for name, own in [*acts.items(), ("logits", logits)]:
         noise.record(name, own, g_logits if name == "logits" else g_acts.get(name))
     return logits, acts

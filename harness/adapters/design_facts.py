@@ -80,6 +80,10 @@ class AdapterConfig(DesignFacts):
     normalization_type: Optional[str] = None  # "LN" / "RMS", as TransformerLens names them
     arch: Optional[str] = None  # the Hugging Face config's model_type
     device: Optional[str] = None  # where the parameters were when the adapter was built (TransformerLens reads it)
+    # The beginning-of-sequence id the model's config names (a real prompt starts with it), None if none.
+    # Not a design fact: finite_outputs also runs each input with it in front, since a trained model's
+    # activations on <bos> can be far larger than on any other token (Gemma-3 overflows float16 on it).
+    bos_token_id: Optional[int] = None
 
     @property
     def alibi(self) -> bool:

@@ -161,6 +161,12 @@ def _rotary_dim(config: Any, attn: Optional[nn.Module], d_head: int) -> int:
     return int(d_head * float(cast(float, factor)))
 
 
+def _bos(config: Any) -> Optional[int]:
+    bos = getattr(config, "bos_token_id", None)
+    bos = bos[0] if isinstance(bos, (list, tuple)) and bos else bos
+    return bos if isinstance(bos, int) and not isinstance(bos, bool) and 0 <= bos < config.vocab_size else None
+
+
 def _pos_offset(arch: str, hf_model: nn.Module) -> int:
     table = position_embedding_module(hf_model)
     offset = getattr(table, "offset", None)
@@ -234,6 +240,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         rope_type=rope_type, pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0, qk_norm=qk_norm,
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
+        bos_token_id=_bos(config),
     )
 
 

@@ -17,6 +17,7 @@ where one appears, and its layer. Other calibrated rows on a model that goes non
 
 from __future__ import annotations
 
+import torch
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import forward_capture
@@ -49,8 +50,23 @@ def finite_outputs(case: Case) -> Plan:
         inputs.append(token_batches(cfg.d_vocab, max_batch=1, min_len=1, max_len=longer).map(lambda x: (x, None, 0)))
     strategy = st.one_of(*inputs)
 
+    bos = getattr(cfg, "bos_token_id", None)
+
     def measure(example):
         x, mask, offset = example
+        if bos is not None and x.shape[1] > 1:
+            # as a real prompt reads: <bos> as each row's first real token (a trained model's largest
+            # activations can sit on it: Gemma-3's residual passes float16's range only after <bos>)
+            first_real = torch.zeros(x.shape[0], dtype=torch.long) if mask is None else mask.long().argmax(dim=1)
+            prompted = x.clone()
+            prompted[torch.arange(x.shape[0]), first_real] = bos
+            if not torch.equal(prompted, x):
+                total, where = _count(prompted, mask, offset)
+                if total:
+                    return total, f"{where} (with <bos>={bos} as the first real token: {prompted.tolist()})"
+        return _count(x, mask, offset)
+
+    def _count(x, mask, offset):
         plain, _ = forward_capture(model, x, attention_mask=mask, position_offset=offset)
         logits, acts = forward_capture(model, x, attention_mask=mask, position_offset=offset, capture=names)
         found = list(acts.items())  # in the order the hooks first fired: the first bad one is where it starts
