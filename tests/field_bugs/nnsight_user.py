@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from harness.adapters import FunctionModel
+from harness.adapters.protocol import UnsupportedInput
 
 
 def _tokenizer(vocab: int):
@@ -41,7 +42,8 @@ def nnsight_function_model(hf_model: torch.nn.Module) -> FunctionModel:
 
     def forward(tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0) -> Tensor:
         if position_offset:
-            raise ValueError(f"position_offset={position_offset} is invalid: this wrapper takes 0 only")
+            # a valid protocol input this wrapper cannot pass on: the suite reports it unobservable
+            raise UnsupportedInput(f"position_offset={position_offset}: this wrapper takes 0 only")
         mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
         rows = [tokens[r][mask[r].bool()] for r in range(tokens.shape[0])]
         outs = []
