@@ -20,7 +20,13 @@ from transformer_lens.hook_points import HookPoint
 
 from harness._checks import is_int
 from harness.errors import AttnlabError, AttnlabTypeError
-from harness.model.protocol_facts import ADDED_POSITIONS, ATTENTION_DIRS, CFG_FIELDS, POSITIONAL_TYPES
+from harness.model.protocol_facts import (
+    ADDED_POSITIONS,
+    ATTENTION_DIRS,
+    CFG_FIELDS,
+    IS_ENCODER_DECODER,
+    POSITIONAL_TYPES,
+)
 
 # The attention hook points every layer must expose; the property checks read q/k/scores/pattern,
 # and probes gate heads through hook_z.
@@ -308,14 +314,15 @@ class _Patcher:
 @torch.no_grad()
 def forward_capture(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
         attention_mask: Optional[Shaped[Tensor, "batch pos"]] = None, position_offset: int = 0,
-        capture: Iterable[str] = (), patch: Optional[dict[str, Tensor]] = None
-        ) -> tuple[Float64[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
+        capture: Iterable[str] = (), patch: Optional[dict[str, Tensor]] = None,
+        inputs: Optional[dict[str, Tensor]] = None) -> tuple[Float64[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
     """Logits (float64) and the activations at the ``capture`` hook points (as the model produced them).
 
     ``patch`` replaces the activation at each named hook point by the given tensor. Hooks are
     attached with ``model.hooks`` so they are removed even if the forward pass raises. A forward
     pass that raises raises :class:`ModelError`; a captured or patched hook that is not a hook
     point, does not fire, or that the harness's hook code fails on raises :class:`HookNotObserved`.
+    ``inputs``: further keyword inputs of the forward (an encoder-decoder's ``source_tokens``, ``source_mask``).
     """
     store: dict[str, Tensor] = {}
     errors: dict[str, str] = {}
@@ -327,11 +334,12 @@ def forward_capture(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
     device = model_device(model)
     tokens = tokens.to(device)
     mask = attention_mask.to(device) if attention_mask is not None else None
+    extra = {name: value.to(device) for name, value in (inputs or {}).items()}
     applied: set[str] = set()
     hooks: FwdHooks = [(name, _Patcher(value, errors, applied, name)) for name, value in patch.items()]
     hooks += [(name, _Saver(store, errors, name)) for name in capture]
     with model.hooks(fwd_hooks=hooks):
-        logits = call_model(model, tokens, attention_mask=mask, position_offset=position_offset)
+        logits = call_model(model, tokens, attention_mask=mask, position_offset=position_offset, **extra)
     if errors:
         name, msg = next(iter(errors.items()))
         raise HookNotObserved(f"the harness's hook on {name} failed: {msg}")
@@ -387,3 +395,10 @@ class CachedDecoding(Protocol):
 def has_cached_decoding(model: Any) -> bool:
     """Whether ``model`` exposes :class:`CachedDecoding`'s method."""
     return callable(getattr(model, CACHED_DECODING, None))
+
+
+# --- optional: the encoder-decoder part (docs/architecture.md, "Encoder-decoders") ----------------------
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` declares itself an encoder-decoder (``cfg.is_encoder_decoder is True``): its forward
+    then takes ``source_tokens`` and ``source_mask`` by keyword, and ``tokens`` is the decoder's input."""
+    return getattr(model.cfg, IS_ENCODER_DECODER, False) is True

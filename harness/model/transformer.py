@@ -71,6 +71,7 @@ class Transformer(HookedRootModule):
     """Decoder (causal) or encoder (bidirectional) Transformer following the model protocol."""
 
     alibi_slopes: Tensor  # [n_heads] buffer, ALiBi models only
+    block_class: type[Block] = Block  # the layer type; harness.model.seq2seq's decoder adds cross-attention
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -87,7 +88,7 @@ class Transformer(HookedRootModule):
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         if self.pos_type == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_heads), persistent=False)
-        self.blocks = nn.ModuleList([Block(cfg, dtype) for _ in range(cfg.n_layers)])
+        self.blocks = nn.ModuleList([self.block_class(cfg, dtype) for _ in range(cfg.n_layers)])
         self.has_ln_final = cfg.normalization_type is not None and cfg.norm_placement == "pre"
         if self.has_ln_final:
             self.ln_final = Norm(cfg, dtype)
