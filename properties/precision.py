@@ -36,10 +36,10 @@ the twin goes non-finite and the model does not (the zoo's tiny Gemma-2 in float
 all-masked padded row into NaN, which reaches real rows through 0 * NaN), the floor is the
 model's on a plain unpadded input, same hooks: its rounding noise at this dtype, measured once.
 
-Non-finite values. A numeric check (calibrated, or one with its own dtype-derived allowance)
-that reads a non-finite tensor (``-inf`` allowed in ``hook_attn_scores``, where it is how masked
-scores are written) cannot compare anything: the row is **unobservable** with reason
-:data:`NOT_COMPARABLE`, and ``finite_outputs`` (exact) names where the values go non-finite.
+Non-finite values. Every check but ``finite_outputs`` (calibrated, exact, or one with its own
+dtype-derived allowance) that reads a non-finite tensor (``-inf`` allowed in ``hook_attn_scores``,
+where it is how masked scores are written) cannot compare anything: the row is **unobservable**
+with reason :data:`NOT_COMPARABLE`, and ``finite_outputs`` (exact) names where they go non-finite.
 """
 
 from __future__ import annotations

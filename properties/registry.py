@@ -233,7 +233,7 @@ def _resolve(case_model: Any, wanted: list[str], observed: Callable[[], set[str]
 
 def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, applies: Applies = Applies(),
                    needs: Needs = (), needs_doc: str = "", declares: tuple[str, ...] = (),
-                   calibrated: bool = False) -> Callable[..., Check]:
+                   calibrated: bool = False, judges_nonfinite: bool = False) -> Callable[..., Check]:
     """Register the decorated ``body(case: Case) -> Plan`` as the model property ``name``.
 
     Returns the public check ``check(model, *, seed=0, max_examples=None, observed=None) -> PropertyResult``.
@@ -245,6 +245,9 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
     ``calibrated``: a numeric property whose allowance is measured per example from the model's
     rounding noise against a float64 twin (properties/precision.py); ``tolerance`` is then the
     fallback for a model no twin can be made of. Exact properties leave it False.
+    Every property but one reads a non-finite value as "not comparable" (unobservable, pointing to
+    finite_outputs) rather than as an infinite deviation: an overflow is one finding with one name.
+    ``judges_nonfinite`` marks the one whose verdict non-finite values are (finite_outputs).
     """
     if callable(needs) and not needs_doc:
         raise AttnlabError(f"property {name!r}: needs is a function, so needs_doc must say which hooks in words")
@@ -255,7 +258,6 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
             check_search_args(seed, max_examples)
             check_protocol(model, hooks=False)
             tol = tolerance(model) if callable(tolerance) else tolerance
-            tol_numeric = tol > 0  # exact properties (tolerance 0) judge non-finite values themselves
             reason = applies.not_applicable(model)
             if reason is not None:
                 return PropertyResult.not_applicable(name, tol, reason)
@@ -269,8 +271,8 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
                 return PropertyResult.unobservable(name, tol, gap)
             case.hooks = hooks
             plan = body(case)
-            # a numeric check watches for non-finite reads; a calibrated one also measures its noise floor
-            watch = noise_for(model, measured=calibrated) if calibrated or tol_numeric else None
+            # every check but finite_outputs watches for non-finite reads; a calibrated one also measures its floor
+            watch = None if judges_nonfinite else noise_for(model, measured=calibrated)
             return search(name, tol, plan.strategy, plan.measure, plan.describe, seed=seed,
                           max_examples=max_examples, info=plan.info, noise=watch)
 

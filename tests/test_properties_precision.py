@@ -16,8 +16,11 @@ import pytest
 import torch
 
 from harness import ModelConfig, Transformer
-from harness.adapters import placed
+from harness.adapters import adapt, placed
+from harness.adapters.protocol import forward_capture
 from properties import check_model
+from properties.checks import sliding_window
+from properties.checks.window import admitted
 from properties.precision import FACTOR, NOT_COMPARABLE, golden_twin, noise_for, scaled_gap
 from tests.helpers.zoo import build
 from tests.mutants.base import RefConfig, RefModel
@@ -131,6 +134,27 @@ def test_float16_overflow_is_named_by_finite_outputs():
     assert "layer 1, blocks.1." in frame.loc["finite_outputs", "counterexample"]
     assert not frame.worst.isin([math.inf]).any()
     assert frame.drop(index="finite_outputs").status.ne("fail").all()
+
+
+def test_sliding_window_tells_float16_underflow_from_a_masked_key():
+    # scores spread by ~10^5, as on Gemma-3-270m in float16: admitted weights below 2^-24 round to 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        hf = build("mistral")  # window 4
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(300.0)
+            layer.self_attn.k_proj.weight.mul_(300.0)
+    model = placed(adapt(hf), dtype="float16")
+    x = torch.randint(0, model.cfg.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    pattern = forward_capture(model, x, capture=["blocks.0.attn.hook_pattern"])[1]["blocks.0.attn.hook_pattern"]
+    assert int(((pattern == 0) & admitted(12, 4, causal=True)).sum()) > 100  # zeros the old rule counted as missing
+    assert sliding_window(model, max_examples=MAX_EXAMPLES).status == "pass"
+    # the same model whose mask really is narrower than it declares (2 keys, declared 4) still fails
+    model.hf_model.config.sliding_window = 2
+    result = sliding_window(model, max_examples=MAX_EXAMPLES)
+    assert result.status == "fail" and "puts weight 0 on key" in result.counterexample, result
 
 
 @pytest.mark.slow

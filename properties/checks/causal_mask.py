@@ -8,9 +8,9 @@ weight is a leak.
 
 from __future__ import annotations
 
-from harness.adapters.protocol import forward_capture
 from properties import design
 from properties.checks._common import fmt, max_len, where_max
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import token_batches
 

@@ -31,7 +31,7 @@ from properties.strategies import padded_batches, token_batches
 MAX_OFFSET = 256  # as far as relative_position and rotary_norm move positions
 
 
-@model_property(name="finite_outputs", order=170, tolerance=0.0,
+@model_property(name="finite_outputs", order=170, tolerance=0.0, judges_nonfinite=True,
                 rule="exact: the number of non-finite entries (-inf allowed only in hook_attn_scores)",
                 needs_doc="every hook that fires (none required)")
 def finite_outputs(case: Case) -> Plan:

@@ -6,9 +6,9 @@ weight is a leak. The batches are ``padding_logits.padded_inputs``.
 
 from __future__ import annotations
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import fmt, where_max
 from properties.checks.padding_logits import padded_inputs
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import PaddedBatch
 

@@ -8,22 +8,29 @@ The field bugs this catches: a window one wider than declared (transformers #296
 where backends disagreed on w vs w + 1) and a window that grew to 2w + 1 (transformers #39408).
 
 Deviation (tolerance 0): a key outside the window with positive ``hook_pattern`` weight counts
-its weight; a key inside the window with weight exactly 0 counts 1. An admitted key's softmax
-weight ``exp(s_j - max s) / Z`` is 0 only if its score is ~100 below the row maximum (float32
-and bfloat16 underflow at exp(-103)), which no unmasked key of a small random model reaches.
+its weight; a key inside the window with weight exactly 0 counts 1, unless rounding explains the
+0. An admitted key's softmax weight ``exp(s_j - logsumexp(s))`` is 0 only if it lies below the
+smallest positive number of the pattern's dtype (float32 and bfloat16: exp(-103.3); float16:
+2^-24 = 5.96e-8, i.e. a score only ~17 below the row's log-normaliser, which a real checkpoint
+reaches: Gemma-3-270m in float16 rounds an admitted weight of 6.6e-9 to 0). Where the layer's
+``hook_attn_scores`` fire, a zero weight is therefore counted only when the key is masked in the
+scores (the dtype's minimum or -inf, the mask of a too-narrow window) or when its weight
+recomputed in float64 from the same scores is at least that smallest positive number, so it
+should have survived the cast. Without the scores hook every zero counts, as in float32.
 Layers without a window (None) are left to ``causal_pattern``. Unpadded inputs only: a window
 is counted in sequence indices, and with padding a model may count pads or not.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
 
-from harness.adapters.protocol import forward_capture
 from properties.checks._common import MAX_LEN, fmt, where_max
 from properties.design import windows
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import token_batches
 
@@ -59,16 +66,21 @@ def sliding_window(case: Case) -> Plan:
     # reach past the smallest window by a few keys, so that both edges of the window are seen
     longest = min(cfg.n_ctx, max(MAX_LEN, min(w for _, w in layers) + 3), MAX_WINDOW_LEN)
     strategy = token_batches(cfg.d_vocab, max_batch=2, min_len=min(2, longest), max_len=longest)
+    scores = {layer: f"blocks.{layer}.attn.hook_attn_scores" for layer, _ in layers}
+    scores = {layer: name for layer, name in scores.items() if name in case.observed}
 
     def measure(x):
-        _, acts = forward_capture(model, x, capture=list(names.values()))
+        _, acts = forward_capture(model, x, capture=[*names.values(), *scores.values()])
         n = x.shape[1]
         worst, where = 0.0, "every query sees exactly its window"
         for layer, w in layers:
-            p = acts[names[layer]].double().nan_to_num(nan=float("inf"))  # [batch, n_heads, q, k]
+            pattern = acts[names[layer]]
+            p = pattern.double().nan_to_num(nan=float("inf"))  # [batch, n_heads, q, k]
             inside = admitted(n, w, causal)
             leak = p.where(~inside, p.new_zeros(()))
             missing = (p == 0) & inside
+            if layer in scores:
+                missing &= ~rounded_to_zero(acts[scores[layer]], pattern.dtype)
             if bool(missing.any()) and 1.0 > worst:
                 worst = 1.0
                 b, h, i, j = (int(t) for t in missing.nonzero()[0])
@@ -82,6 +94,21 @@ def sliding_window(case: Case) -> Plan:
         return worst, where
 
     return Plan(strategy, measure)
+
+
+def rounded_to_zero(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool like ``scores``: keys whose weight is 0 in ``dtype`` by rounding, not by a mask.
+
+    A key is masked when its score is -inf or at most half the scores' dtype minimum (the additive
+    masks transformers builds use the minimum itself). An unmasked key's float64 weight
+    ``softmax(scores)`` below ``finfo(dtype).smallest_normal * finfo(dtype).eps`` (the smallest subnormal)
+    cannot be represented in ``dtype`` and rounds to 0.
+    """
+    wide = scores.double()
+    masked = ~torch.isfinite(wide) | (wide <= torch.finfo(scores.dtype).min / 2)
+    weight = torch.softmax(wide.masked_fill(masked, -math.inf), dim=-1).nan_to_num(nan=0.0)
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps  # the smallest subnormal: 2^-24 in float16
+    return ~masked & (weight < tiny)
 
 
 def _span(i: int, n: int, w: int, causal: bool) -> str:
