@@ -30,11 +30,11 @@ CROSS_BLOCK_HOOKS = ("hook_cross_attn_out", "hook_resid_mid2")
 CROSS_ATTN_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
 
 
-def encoder_hook(layer: int, name: str) -> str:
+def encoder_hook(layer: int | str, name: str) -> str:
     """``encoder.blocks.{layer}.{name}``, e.g. ``encoder_hook(0, "attn.hook_pattern")``."""
     return f"{ENCODER_PREFIX}blocks.{layer}.{name}"
 
 
-def cross_attn_hook(layer: int, name: str) -> str:
+def cross_attn_hook(layer: int | str, name: str) -> str:
     """``blocks.{layer}.cross_attn.{name}``, e.g. ``cross_attn_hook(1, "hook_pattern")``."""
     return f"blocks.{layer}.{CROSS_ATTN}.{name}"

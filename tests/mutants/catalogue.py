@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tests.mutants import cross_attention as xa
 from tests.mutants.base import RefAttention, RefConfig, RefModel, RefNorm, rope, sinusoids
 
 
@@ -250,4 +251,17 @@ MUTANTS: list[Mutant] = [
            ("finite_outputs",), "left-padded queries see no key: softmax over all -inf"),
     Mutant("rotary_phase_in_bfloat16", _model(Bfloat16PhaseAttention), _cfg(positional_embedding_type="rotary"),
            ("rotary_precision",), "inv_freq and the phase computed in bfloat16"),
+    # encoder-decoders (tests/mutants/cross_attention.py: harness's EncoderDecoder with one bug each)
+    Mutant("encoder_causal_by_mistake", xa.CausalEncoder, xa.CFG, ("encoder_bidirectional",),
+           "the encoder is built causal"),
+    Mutant("cross_attention_ignores_source_mask", xa.CrossIgnoresSourceMask, xa.CFG,
+           ("cross_attention_pattern", "source_padding_outputs"), "cross-attention drops the source mask"),
+    Mutant("source_summary_over_pads", xa.SourceSummaryOverPads, xa.CFG, ("source_padding_outputs",),
+           "a source mean over the pads too is added to the memory"),
+    Mutant("cross_kv_recomputed_every_step", xa.CrossKVRecomputed, xa.CFG, ("cross_kv_cache",),
+           "cross K/V recomputed at every cached step"),
+    Mutant("cross_kv_cache_from_unmasked_encoder", xa.CrossKVFromUnmaskedEncoder, xa.CFG, ("cross_kv_cache",),
+           "the cached cross K/V come from an encoder pass without the source mask"),
+    Mutant("decoder_sees_future_targets", xa.DecoderSeesFuture, xa.CFG, ("causal_pattern", "causal_outputs"),
+           "the decoder's self-attention is not causal"),
 ]

@@ -1,0 +1,37 @@
+"""Cross-attention sees every real encoder position and no padded one, seen in its pattern.
+
+Every decoder query's ``blocks.{l}.cross_attn.hook_pattern`` row puts weight exactly 0 on each padded
+source position and weight > 0 on each real one unless its score underflows (``_seq2seq.key_coverage``,
+with ``hook_attn_scores``). Cross-attention has no causal mask (Vaswani et al. 2017 §3.2.3): a decoder
+position may read the whole source, so a causal mask applied here by mistake hides real keys too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.adapters.protocol import forward_capture
+from properties.checks._seq2seq import WHEN_DOC, SourceExample, key_coverage, seq2seq_only, source_examples
+from properties.registry import Applies, Case, Plan, model_property
+
+
+@model_property(name="cross_attention_pattern", order=190, tolerance=0.0,
+                rule="exact: a masked weight underflows to exactly 0 in float32; a real key's weight is > 0",
+                applies=Applies(when=seq2seq_only, when_doc=WHEN_DOC),
+                needs=("blocks.{layer}.cross_attn.hook_attn_scores", "blocks.{layer}.cross_attn.hook_pattern"))
+def cross_attention_pattern(case: Case) -> Plan:
+    """Every decoder query's cross-attention weighs each real source position (> 0) and no padded one (= 0)."""
+    model, names = case.model, list(case.hooks)
+
+    def measure(ex: SourceExample):
+        _, acts = forward_capture(model, ex.tokens, inputs=ex.inputs(), capture=names)
+        keys = ex.source.mask.bool()
+        queries = torch.ones_like(ex.tokens, dtype=torch.bool)
+        worst, where = 0.0, "every decoder query sees every real source position and no pad"
+        for layer in range(len(names) // 2):
+            dev, text = key_coverage(acts[names[2 * layer + 1]], acts[names[2 * layer]], queries, keys)
+            if dev > worst:
+                worst, where = dev, f"decoder layer {layer} cross-attention {text}"
+        return worst, where
+
+    return Plan(source_examples(case.cfg), measure, SourceExample.describe)
