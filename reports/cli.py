@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Optional
 
 import click
@@ -20,6 +21,7 @@ from harness.adapters.placement import check_placement
 from harness.errors import AttnlabError
 from harness.training.tasks import TASKS
 from reports import defaults, external, figures, pipeline
+from reports.census import command as census_command
 from reports.defaults import comma
 from reports.heal import heal as run_heal
 from reports.options import (
@@ -33,6 +35,7 @@ from reports.options import (
     preset_option,
     train_options,
 )
+from reports.probe_run import plan as probe_plan
 from reports.render import attnlab_version, pct
 
 EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_BUG = 2, 130, 1
@@ -225,12 +228,19 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
               show_default=True, help="Relative loss rise allowed when counting prunable heads.")
 @click.option("--top-k", type=click.IntRange(min=1), default=defaults.TOP_K_PATTERNS, show_default=True,
               help="Most important heads whose attention patterns are saved.")
+@click.option("--methods", "methods", default=defaults.PROBE_RUN_METHODS, metavar="A,B,...",
+              help=f"Probe methods to run (default: all): {','.join(probe_plan.METHODS)}.")
+@click.option("--budget", type=click.FloatRange(0, min_open=True), default=defaults.PROBE_BUDGET, show_default=True,
+              metavar="MINUTES", help="Time budget: cheaper variants (named in the printed plan) where exact ones "
+                                      "do not fit.")
+@click.option("--resume", is_flag=True, default=False,
+              help="Continue a stopped probe run in this folder, skipping its finished methods.")
 @placement_options
 @_progress_opt
 def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out: Optional[str],
           task: Optional[str], text_file: Optional[str], seed: int, sequences: int, seeds: tuple[int, ...],
-          tolerance: float, top_k: int, dtype: str, device: Optional[str], attn_implementation: Optional[str],
-          progress: Optional[bool]) -> None:
+          tolerance: float, top_k: int, methods: Optional[str], budget: float, resume: bool, dtype: str,
+          device: Optional[str], attn_implementation: Optional[str], progress: Optional[bool]) -> None:
     """Run every head probe on a trained run -> RUN_DIR/probes/*.csv.
 
     With --hf PATH or --model MODULE:CALLABLE it probes that model instead, on --task NAME tokens
@@ -240,6 +250,7 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
         raise CliError("error: --task/--text are for --hf/--model; a trained run is probed on its own task")
     if (hf is not None or factory is not None) and (task is None) == (text_file is None):
         raise CliError("error: --hf/--model need exactly one of --task NAME and --text FILE: the tokens to probe on")
+    chosen = None if methods is None else probe_plan.check_methods([m.strip() for m in methods.split(",")])
     where = _placement(dtype, device, attn_implementation, hf)
     run_dir, ext = external.resolve(run_dir, out, hf, factory, seed, **where)
     data = None
@@ -249,10 +260,12 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
         external.save(run_dir, ext)
         click.echo(f"probing {ext.card['arch']} through {ext.card['adapter']} on {tuple(data[0].shape)} tokens")
     result = pipeline.probe(run_dir, sequences=sequences, seeds=seeds, tolerance=tolerance, top_k=top_k,
-                            progress=progress, model=None if ext is None else ext.model, data=data, **where)
-    red = result["redundancy"]
-    click.echo(f"prunable within {tolerance:.1%} loss: {red['prunable_fraction']:.1%} of heads "
-               f"(random order: {red['random_prunable_fraction']:.1%}); wrote {os.path.join(run_dir, 'probes')}")
+                            progress=progress, model=None if ext is None else ext.model, data=data,
+                            methods=chosen, budget=budget, resume=resume, **where)
+    red = result.get("redundancy")
+    found = "" if red is None else (f"prunable within {tolerance:.1%} loss: {red['prunable_fraction']:.1%} of heads "
+                                    f"(random order: {red['random_prunable_fraction']:.1%}); ")
+    click.echo(f"{found}wrote {len(result)} probe result(s) to {os.path.join(run_dir, 'probes')}")
 
 
 @cli.command(short_help="Softmax-saturation sweep -> CSV + figure.")
@@ -375,6 +388,24 @@ def export(run_dir: str, out_dir: str) -> None:
     """
     hf = pipeline.export(run_dir, out_dir)
     click.echo(f"wrote {type(hf).__name__} to {out_dir} (transformers.AutoModelForCausalLM.from_pretrained loads it)")
+
+
+@cli.command(short_help="Census of every model type transformers ships -> one result each.")
+@click.option("--only", multiple=True, metavar="TYPE", help="Only these model types (repeatable); an unknown one lists "
+              "the close matches.")
+@click.option("--workers", type=int, default=1, show_default=True, help="Worker processes (one model type each).")
+@click.option("--timeout", type=int, default=census_command.TIMEOUT_S, show_default=True,
+              help="Seconds per model type before it is recorded as timed out.")
+@click.option("--no-cache", is_flag=True, help="Recompute every result (the cache is keyed by transformers version "
+              "and the code that decides a result).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the results as CSV here.")
+@click.option("--write-docs", "write_docs", is_flag=True, help="Rewrite the census section of docs/models.md and its "
+              "heatmap.")
+def census(only: tuple[str, ...], workers: int, timeout: int, no_cache: bool, out: Optional[Path],
+           write_docs: bool) -> None:
+    """Build every causal/masked/seq2seq LM model type tiny and random, check it, and give it one result."""
+    census_command.run(only, workers=workers, timeout_s=timeout, use_cache=not no_cache, out=out,
+                       write_docs=census_command.DOC if write_docs else None, echo=click.echo)
 
 
 @cli.command(short_help="Benchmark table for this machine.")

@@ -225,7 +225,9 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         base = float(base) if base is not None else 10000.0  # GPT-J/CodeGen hard-code 10000
         rope_type = _rope(config).get("rope_type")
     softcap = getattr(config, "attn_logit_softcapping", None)
-    causal = all(getattr(a, "is_causal", True) for a in attn_modules if a is not None)
+    # a module without is_causal follows its head: a masked LM predicts from both sides (DeBERTa, ConvBERT keep no flag)
+    default_causal = not type(hf_model).__name__.endswith("ForMaskedLM")
+    causal = all(getattr(a, "is_causal", default_causal) for a in attn_modules if a is not None)
     n_ctx = _int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length") or 2048
     qk_norm = any(getattr(attn0, name, None) is not None for name in ("q_norm", "q_layernorm"))
     return AdapterConfig(

@@ -1,0 +1,201 @@
+"""One census result per model type: build it tiny, wrap it, check it, and say in one category why.
+
+The categories (:data:`CATEGORIES`) are the issue's, and every path ends in one of them with the
+exception text as the reason ("failed for an unknown reason" is not a category):
+
+- ``clean``: every applicable row passes;
+- ``finding``: a failed row that :data:`reports.census.findings.FINDINGS` documents with a witness on the raw model;
+- ``untriaged``: a failed row without a witness: a false alarm of the adapter or a check, or a new bug
+  (the census's goal is 0 of these);
+- ``unobservable``: rows that need a hook the route never fires (the hooks named);
+- ``no attention``: no attention module anywhere (Mamba, RWKV, xLSTM ...);
+- ``hybrid``: attention in some layers, other mixers in the rest (the others named);
+- ``multimodal wrapper``: the text model inside a multimodal model is what the rows check;
+- ``transformers fails``: the raw tiny model raises on a plain text input, with the exception;
+- ``unsupported``: the census cannot build the model, or the adapter cannot take it (what is missing).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+import properties as props
+from harness.adapters import HFAdapter
+from harness.adapters import hf_routes as routes
+from harness.adapters.protocol import observed_hooks
+from reports.census import findings
+from reports.census.enumerate import ModelType
+from reports.census.shrink import build
+
+CATEGORIES = ("clean", "finding", "untriaged", "unobservable", "no attention", "hybrid", "multimodal wrapper",
+              "transformers fails", "unsupported")
+MAX_EXAMPLES = 3  # per property: the census is wide, not deep (the zoo runs 10)
+ENC_DEC = "encoder-decoder: HFAdapter has no cross-attention route yet (it refuses is_encoder_decoder models)"
+PLAIN = torch.tensor([[3, 5, 7]])  # a plain text input: real tokens, no padding
+
+
+@dataclass
+class Result:
+    """The census result of one model type (JSON-able: the cache and the docs read it back)."""
+
+    model_type: str
+    task: str = ""
+    class_name: str = ""
+    category: str = "unsupported"
+    reason: str = ""
+    stage: str = "config"  # the last stage reached: config, build, raw forward, adapter, check, done
+    route: str = ""
+    hooks: list[str] = field(default_factory=list)  # hook kinds that fire (blocks.0 names, less the prefix)
+    rows: dict[str, str] = field(default_factory=dict)  # property -> status
+    failures: dict[str, str] = field(default_factory=dict)  # property -> counterexample
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Result:
+        return cls(**data)
+
+
+def one_line(text: str, limit: int = 240) -> str:
+    text = re.sub(r"\s+", " ", text).strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _exc(exc: BaseException) -> str:
+    return one_line(f"{type(exc).__name__}: {exc}")
+
+
+def _plain_kwargs(mt: ModelType) -> dict[str, Any]:
+    return {"decoder_input_ids": PLAIN[:, :2]} if mt.task == "seq2seq_lm" else {}
+
+
+def mixers(model: nn.Module) -> tuple[list[int], list[str]]:
+    """The layers of the block stack that hold an attention module, and the class names of the others' mixers."""
+    config = model.config
+    layers = routes.find_layers(model, getattr(config.get_text_config(), "num_hidden_layers", None))
+    if layers is None:
+        return [], []
+    attn, others = [], []
+    for i, layer in enumerate(layers):
+        if routes.attention_module(layer) is not None:
+            attn.append(i)
+        else:
+            others.append(_mixer_name(layer))
+    return attn, sorted(set(others))
+
+
+_MIXER_WORDS = ("Mixer", "Mamba", "Ssm", "SSM", "LinearAttn", "GatedDeltaNet", "Recurrent", "ShortConv", "Rwkv",
+                "Lstm", "Fourier", "Retention")
+
+
+def _mixer_name(layer: nn.Module) -> str:
+    """The class of the sequence mixer that stands in for attention in ``layer`` (its own class when unnamed)."""
+    names = [type(sub).__name__ for sub in layer.modules() if sub is not layer]
+    for word in _MIXER_WORDS:
+        hit = next((n for n in names if word in n and "Norm" not in n), None)
+        if hit is not None:
+            return hit
+    return type(layer).__name__
+
+
+def _multimodal(model: nn.Module) -> Optional[str]:
+    """The text config's class where the model wraps a text model inside a multimodal one, else None."""
+    config = model.config
+    text = config.get_text_config()
+    return type(text).__name__ if text is not config else None
+
+
+def _hook_kinds(fired: set[str]) -> list[str]:
+    kinds = {name.split(".", 2)[2] if name.startswith("blocks.") else name for name in fired}
+    return sorted(kinds)
+
+
+def classify(mt: ModelType, result: Optional[Result] = None) -> Result:
+    """The census result of ``mt``; never raises for anything the model, its config or the adapter does.
+
+    ``result`` is filled in place (a caller that interrupts it, e.g. on a timeout, still reads its stage).
+    """
+    start = time.perf_counter()
+    result = result if result is not None else Result(mt.name, mt.task, mt.class_name)
+    try:
+        _classify(mt, result)
+    finally:
+        result.seconds = round(time.perf_counter() - start, 2)
+    return result
+
+
+def _classify(mt: ModelType, r: Result) -> None:
+    try:
+        model = build(mt.name, mt.class_name)
+    except Exception as exc:  # the shrunk config or the model cannot be built: its row says so, the census goes on
+        r.category, r.reason = "unsupported", f"the census cannot build a tiny {mt.class_name}: {_exc(exc)}"
+        return
+    r.stage = "raw forward"
+    try:
+        with torch.no_grad():
+            model(input_ids=PLAIN, **_plain_kwargs(mt))
+    except Exception as exc:
+        r.category, r.reason = "transformers fails", f"{mt.class_name} on a plain input ({PLAIN.tolist()}): {_exc(exc)}"
+        return
+    if getattr(model.config, "is_encoder_decoder", False):
+        r.category, r.reason = "unsupported", ENC_DEC
+        return
+    attn, others = mixers(model)
+    if not attn:
+        r.category = "no attention"
+        r.reason = "no attention module in its blocks: " + (", ".join(others) or "no block stack found")
+        return
+    r.stage = "adapter"
+    if others:
+        r.category = "unsupported"
+        r.reason = (f"hybrid: attention in layers {attn}, {', '.join(others)} in the rest; HFAdapter takes only a "
+                    "stack whose every block has attention")
+        return
+    try:
+        adapter = HFAdapter(model)
+        r.route = adapter.route
+        r.hooks = _hook_kinds(observed_hooks(adapter))
+    except Exception as exc:
+        r.category, r.reason = "unsupported", f"HFAdapter: {_exc(exc)}"
+        return
+    r.stage = "check"
+    try:
+        frame = props.check_model(adapter, seed=0, max_examples=MAX_EXAMPLES)
+    except Exception as exc:
+        r.category, r.reason = "unsupported", f"check_model raised {_exc(exc)}"
+        return
+    r.stage = "done"
+    r.rows = {row.property: row.status for row in frame.itertuples()}
+    r.failures = {row.property: one_line(str(row.counterexample)) for row in frame.itertuples()
+                  if row.status == "fail"}
+    reasons = {row.property: one_line(str(row.reason), 120) for row in frame.itertuples()
+               if row.status == "unobservable"}
+    _verdict(r, reasons, _multimodal(model))
+
+
+def _verdict(r: Result, unobservable: dict[str, str], text_config: Optional[str]) -> None:
+    documented = findings.for_type(r.model_type)
+    untriaged = sorted(p for p in r.failures if p not in documented)
+    if untriaged:
+        r.category = "untriaged"
+        r.reason = "failed without a witness: " + "; ".join(f"{p}: {r.failures[p]}" for p in untriaged)
+    elif r.failures:
+        r.category = "finding"
+        r.reason = "; ".join(f"{p}: {documented[p].summary}" for p in sorted(r.failures))
+    elif text_config is not None:
+        r.category = "multimodal wrapper"
+        r.reason = f"the text model ({text_config}) checked through the wrapper's forward"
+    elif unobservable:
+        r.category = "unobservable"
+        r.reason = "; ".join(f"{p}: {why}" for p, why in sorted(unobservable.items()))
+    else:
+        r.category = "clean"
+        r.reason = "every applicable row passes"

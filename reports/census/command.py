@@ -1,0 +1,70 @@
+"""What ``attnlab census`` does (reports/cli.py maps its options onto :func:`run`)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import transformers
+
+from harness.errors import AttnlabError
+from reports.census import render
+from reports.census.classify import Result
+from reports.census.enumerate import ModelType, by_name
+from reports.census.run import TIMEOUT_S, census
+
+__all__ = ["DOC", "TIMEOUT_S", "frame", "run", "select"]
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+
+
+def select(only: tuple[str, ...]) -> list[ModelType]:
+    """The model types named by ``--only`` (all when none); an unknown one is an error listing the close matches."""
+    known = by_name()
+    if not only:
+        return list(known.values())
+    for name in only:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=5, cutoff=0.6)
+            hint = f"close matches: {', '.join(close)}" if close else f"expected one of the {len(known)} model types " \
+                "of the causal/masked/seq2seq LM auto mappings (attnlab census lists them)"
+            raise AttnlabError(f"--only {name!r} is not a model type transformers {transformers.__version__} maps for "
+                               f"causal, masked or seq2seq LM; {hint}")
+    return [known[n] for n in only]
+
+
+def frame(results: list[Result]) -> pd.DataFrame:
+    """One row per model type: category, reason, route, hooks, seconds, and one column per property's status."""
+    rows = [{"model_type": r.model_type, "head": r.class_name, "category": r.category, "reason": r.reason,
+             "route": r.route, "hooks": " ".join(r.hooks), "seconds": r.seconds, **r.rows} for r in results]
+    return pd.DataFrame(rows)
+
+
+def run(only: tuple[str, ...] = (), *, workers: int = 1, timeout_s: int = TIMEOUT_S, use_cache: bool = True,
+        out: Optional[Path] = None, write_docs: Optional[Path] = None,
+        echo: Callable[[str], None] = print) -> list[Result]:
+    """Run the census (``only`` limits it), print a line per model type and the summary, write what was asked."""
+    if workers < 1 or workers > (os.cpu_count() or 1) * 4:
+        raise AttnlabError(f"--workers {workers} is invalid: expected 1..{(os.cpu_count() or 1) * 4}")
+    if timeout_s < 1:
+        raise AttnlabError(f"--timeout {timeout_s} is invalid: expected a positive number of seconds")
+    types = select(only)
+    if write_docs is not None and only:
+        raise AttnlabError("--write-docs writes the whole census: drop --only")
+    start = time.perf_counter()
+    results = census(types, workers=workers, timeout_s=timeout_s, use_cache=use_cache,
+                     progress=lambda r: echo(f"{r.model_type:28s} {r.category:18s} {r.seconds:6.1f}s {r.reason}"))
+    wall = time.perf_counter() - start
+    ran = f"This run: {wall:.0f} s wall on {workers} worker(s), {sum(r.seconds for r in results):.0f} s of model time."
+    echo(render.summary_line(results).replace("**", "") + " " + ran)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        frame(results).to_csv(out, index=False)
+    if write_docs is not None:
+        render.write_docs(results, write_docs, transformers.__version__, ran)
+    return results

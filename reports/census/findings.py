@@ -1,0 +1,31 @@
+"""The census's documented findings: failed rows that are bugs in the wrapped implementation.
+
+Each names the witness (a function in tests/helpers/census_witness.py) that shows the bug on the
+raw model without the property suite; tests/test_census_witness.py asserts each still reproduces.
+A failed row not listed here is ``untriaged`` in the census: a false alarm or a new bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Finding:
+    model_type: str
+    prop: str
+    summary: str
+    witness: str  # tests/helpers/census_witness.py::<witness>
+
+
+_FALCON = ("Falcon (no ALiBi) under sdpa with output_attentions=True takes its eager branch and adds sdpa's boolean "
+           "mask to the scores (+1/+0) instead of masking: the pattern sees future and padded keys (the zoo's finding; "
+           "the plain forward is causal).")
+FINDINGS: tuple[Finding, ...] = (
+    Finding("falcon", "causal_pattern", _FALCON, "falcon_census"),
+    Finding("falcon", "padding_pattern", _FALCON, "falcon_census"),
+)
+
+
+def for_type(model_type: str) -> dict[str, Finding]:
+    return {f.prop: f for f in FINDINGS if f.model_type == model_type}

@@ -1,0 +1,125 @@
+"""Running the census: every model type, sharded over worker processes, cached by version.
+
+Each model type is classified in a worker process (fork, one torch thread) under a timeout; a
+timeout or a dead worker is that type's result (``unsupported``, the stage it reached named), and
+the census goes on. Results are cached as JSON under ``$ATTNLAB_CACHE/census/<key>/`` (default
+``~/.cache/attnlab``), where the key is the transformers version plus a hash of the code that decides
+a result (this package, the adapters, the properties): an unchanged version does not rebuild.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import transformers
+
+from reports.census.classify import Result, classify
+from reports.census.enumerate import ModelType, model_types
+
+TIMEOUT_S = 120  # per model type: building and checking a tiny model takes seconds; a minute means a stuck path
+ROOT = Path(__file__).resolve().parents[2]
+# the code a result depends on: a change here invalidates the cache
+CODE = ("reports/census", "harness/adapters", "harness/model", "properties")
+
+
+class TimedOut(BaseException):
+    """Raised in a worker by its alarm: a BaseException, so no ``except Exception`` of a stage swallows it."""
+
+
+def cache_key() -> str:
+    digest = hashlib.sha256()
+    for folder in CODE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            digest.update(path.relative_to(ROOT).as_posix().encode())
+            digest.update(path.read_bytes())
+    return f"transformers-{transformers.__version__}-{digest.hexdigest()[:12]}"
+
+
+def cache_dir(key: Optional[str] = None) -> Path:
+    base = Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab"))
+    return base / "census" / (key or cache_key())
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise TimedOut()
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)  # one summation order, and N workers share N cores
+    signal.signal(signal.SIGALRM, _alarm)
+
+
+def run_one(mt: ModelType, timeout_s: int = TIMEOUT_S) -> dict[str, Any]:
+    """Classify ``mt`` under ``timeout_s``; the result as JSON (what crosses the process boundary)."""
+    result = Result(mt.name, mt.task, mt.class_name)
+    start = time.perf_counter()
+    signal.alarm(timeout_s)
+    try:
+        classify(mt, result)
+    except TimedOut:
+        result.category = "unsupported"
+        result.reason = f"timed out after {timeout_s}s at stage {result.stage!r} (the census's budget per model type)"
+        result.seconds = round(time.perf_counter() - start, 2)
+    finally:
+        signal.alarm(0)
+    return result.to_json()
+
+
+def census(types: Optional[list[ModelType]] = None, *, workers: int = 1, timeout_s: int = TIMEOUT_S,
+           use_cache: bool = True, progress: Optional[Callable[[Result], None]] = None) -> list[Result]:
+    """The census of ``types`` (default: every model type), cached results reused; sorted by model type."""
+    types = model_types() if types is None else types
+    folder = cache_dir()
+    done: dict[str, Result] = {}
+    if use_cache:
+        for mt in types:
+            path = folder / f"{mt.name}.json"
+            if path.exists():
+                done[mt.name] = Result.from_json(json.loads(path.read_text()))
+    todo = [mt for mt in types if mt.name not in done]
+    folder.mkdir(parents=True, exist_ok=True)
+    while todo:
+        left = _run_pool(todo, workers, timeout_s, folder, done, progress)
+        if left and workers == 1:  # one worker runs in order: the first unfinished type is the one that killed it
+            _store(Result(left[0].name, left[0].task, left[0].class_name, stage="worker",
+                          reason="the worker process died (killed for memory or crashed in native code) on it"),
+                   folder, done, progress)
+            left = left[1:]
+        workers = 1 if left else workers  # which of N killed its worker is unknown: the rest go one at a time
+        todo = left
+    return [done[mt.name] for mt in types]
+
+
+def _run_pool(todo: list[ModelType], workers: int, timeout_s: int, folder: Path, done: dict[str, Result],
+              progress: Optional[Callable[[Result], None]]) -> list[ModelType]:
+    """Run ``todo`` on a fresh pool; the types left unfinished (in order) when a worker died."""
+    context = multiprocessing.get_context("fork")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker) as pool:
+        futures = [(pool.submit(run_one, mt, timeout_s), mt) for mt in todo]
+        for future, _ in futures:
+            try:
+                result = Result.from_json(future.result())
+            except cf.process.BrokenProcessPool:
+                return [m for m in todo if m.name not in done]
+            _store(result, folder, done, progress)
+    return []
+
+
+def _store(result: Result, folder: Path, done: dict[str, Result],
+           progress: Optional[Callable[[Result], None]]) -> None:
+    done[result.model_type] = result
+    tmp = folder / f".{result.model_type}.json.tmp"
+    tmp.write_text(json.dumps(result.to_json(), indent=1, sort_keys=True))
+    tmp.replace(folder / f"{result.model_type}.json")  # atomic: a killed census leaves no half-written result
+    if progress is not None:
+        progress(result)
