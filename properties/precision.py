@@ -104,6 +104,7 @@ class Noise:
     golden: Optional[Any]
     minimum: float
     measured: bool = True  # False: the check keeps its own allowance, only non-finite reads are watched
+    local: bool = False  # the twin starts every layer from the model's own layer input (one layer's rounding)
     floor: float = 0.0
     nonfinite: str = ""
     blind: bool = False  # the twin went non-finite where the model did not: no floor on this example
@@ -212,10 +213,18 @@ def _twin_at(model: Any, dtype: torch.dtype) -> Optional[Any]:
     return twin if model_dtype(twin) == dtype else None
 
 
-def noise_for(model: Any, *, measured: bool = True) -> Noise:
-    """The calibration of one check on ``model``: its golden twin (when ``measured``) and the float64 minimum."""
+def noise_for(model: Any, *, measured: bool = True, local: bool = False) -> Noise:
+    """The calibration of one check on ``model``: its golden twin (when ``measured``) and the float64 minimum.
+
+    ``local``: the floor of one layer's rounding (see :func:`forward_capture`).
+    """
     minimum = FACTOR * unit_roundoff(torch.float64) * reduction_size(model.cfg)
-    return Noise(model, golden_twin(model) if measured else None, minimum, measured)
+    return Noise(model, golden_twin(model) if measured else None, minimum, measured, local)
+
+
+def layer_inputs(model: Any) -> list[str]:
+    """The hooks a local floor patches: every layer's input (``blocks.{l}.hook_resid_pre``)."""
+    return [f"blocks.{layer}.hook_resid_pre" for layer in range(model.cfg.n_layers)]
 
 
 @contextmanager
@@ -233,21 +242,51 @@ def forward_capture(model: Any, tokens: Tensor, **kw: Any) -> tuple[Tensor, dict
 
     Records the scaled deviation of the logits and every captured activation from the twin's (a
     patched pass is not twinned: its patch values are the model's own-dtype activations).
+
+    A local floor (``Noise.local``, for a check comparing tensors of one pass with each other) also
+    captures the model's input to every layer and hands it, upcast, to the twin in place of the
+    twin's own: each layer of the twin then computes exactly, from the same input, what that layer
+    of the model rounds, and the gap is that one layer's rounding, not the divergence of everything
+    before it (which such a comparison never sees). A model whose layer inputs cannot be captured
+    and replaced gets the whole-pass floor.
     """
-    logits, acts = protocol.forward_capture(model, tokens, **kw)
     noise = _ACTIVE.get()
     if noise is None or model is not noise.model:
-        return logits, acts
+        return protocol.forward_capture(model, tokens, **kw)
     twin = noise.golden if not kw.get("patch") else None
+    inputs = layer_inputs(model) if twin is not None and noise.local else []
+    wanted = list(kw.get("capture", ()))
+    try:
+        logits, acts = protocol.forward_capture(model, tokens, **{**kw, "capture": [*wanted, *inputs]})
+    except protocol.HookNotObserved:
+        if not inputs:
+            raise
+        noise.local, inputs = False, []  # no layer inputs to hand over: the whole-pass floor
+        logits, acts = protocol.forward_capture(model, tokens, **kw)
+    given = {name: acts[name] for name in inputs}
+    acts = {name: t for name, t in acts.items() if name in wanted}
     g_logits: Optional[Tensor] = None
     g_acts: dict[str, Tensor] = {}
     if twin is not None:
-        try:
-            g_logits, g_acts = protocol.forward_capture(twin, tokens, **kw)
-        except protocol.ModelError:  # the model's own code cannot run at the twin's dtype
-            noise.golden = twin = fallback_twin(model)
-            if twin is not None:
-                g_logits, g_acts = protocol.forward_capture(twin, tokens, **kw)
+        g_logits, g_acts = _twin_pass(noise, model, twin, tokens, kw, given)
     for name, own in [*acts.items(), ("logits", logits)]:
         noise.record(name, own, g_logits if name == "logits" else g_acts.get(name))
     return logits, acts
+
+
+def _twin_pass(noise: Noise, model: Any, twin: Any, tokens: Tensor, kw: dict[str, Any],
+               given: dict[str, Tensor]) -> tuple[Optional[Tensor], dict[str, Tensor]]:
+    """The twin's logits and activations for the same call, started from ``given`` layer inputs if any."""
+    try:
+        call: dict[str, Any] = dict(kw)
+        if given:
+            call["patch"] = {name: t.to(model_dtype(twin)) for name, t in given.items()}
+        return protocol.forward_capture(twin, tokens, **call)
+    except protocol.HookNotObserved:  # the twin's layer inputs cannot be replaced: the whole-pass floor
+        noise.local = False
+        return protocol.forward_capture(twin, tokens, **kw)
+    except protocol.ModelError:  # the model's own code cannot run at the twin's dtype
+        noise.golden = twin = fallback_twin(model)
+        if twin is None:
+            return None, {}
+        return _twin_pass(noise, model, twin, tokens, kw, given)

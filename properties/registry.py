@@ -233,7 +233,8 @@ def _resolve(case_model: Any, wanted: list[str], observed: Callable[[], set[str]
 
 def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, applies: Applies = Applies(),
                    needs: Needs = (), needs_doc: str = "", declares: tuple[str, ...] = (),
-                   calibrated: bool = False, judges_nonfinite: bool = False) -> Callable[..., Check]:
+                   calibrated: bool = False, local_floor: bool = False,
+                   judges_nonfinite: bool = False) -> Callable[..., Check]:
     """Register the decorated ``body(case: Case) -> Plan`` as the model property ``name``.
 
     Returns the public check ``check(model, *, seed=0, max_examples=None, observed=None) -> PropertyResult``.
@@ -245,6 +246,9 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
     ``calibrated``: a numeric property whose allowance is measured per example from the model's
     rounding noise against a float64 twin (properties/precision.py); ``tolerance`` is then the
     fallback for a model no twin can be made of. Exact properties leave it False.
+    ``local_floor``: the check compares tensors of one forward pass with each other (a row sum, a
+    score against its q.k), so its floor is one layer's rounding: the twin starts every layer
+    from the model's own layer input (properties/precision.py).
     Every property but one reads a non-finite value as "not comparable" (unobservable, pointing to
     finite_outputs) rather than as an infinite deviation: an overflow is one finding with one name.
     ``judges_nonfinite`` marks the one whose verdict non-finite values are (finite_outputs).
@@ -272,7 +276,7 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
             case.hooks = hooks
             plan = body(case)
             # every check but finite_outputs watches for non-finite reads; a calibrated one also measures its floor
-            watch = None if judges_nonfinite else noise_for(model, measured=calibrated)
+            watch = None if judges_nonfinite else noise_for(model, measured=calibrated, local=local_floor)
             return search(name, tol, plan.strategy, plan.measure, plan.describe, seed=seed,
                           max_examples=max_examples, info=plan.info, noise=watch)
 

@@ -30,7 +30,7 @@ def tolerance_for(dtype: torch.dtype) -> float:
     return max(1e-4, 16 * torch.finfo(dtype).eps)
 
 
-@model_property(name="kernel_consistency", order=150, calibrated=True,
+@model_property(name="kernel_consistency", order=150, calibrated=True, local_floor=True,
                 tolerance=lambda model: tolerance_for(model_dtype(model)),
                 rule="max(1e-4, 16 eps of the model's dtype) of max(1, max|v|): two float32 evaluations of a "
                      "<= 24-term weighted sum differ by ~n * 2^-24",

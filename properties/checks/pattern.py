@@ -19,7 +19,7 @@ from properties.strategies import padded_batches, token_batches
 TOLERANCE = 1e-5
 
 
-@model_property(name="pattern_distribution", order=40, calibrated=True, tolerance=TOLERANCE,
+@model_property(name="pattern_distribution", order=40, calibrated=True, local_floor=True, tolerance=TOLERANCE,
                 rule="a float32 softmax row of n <= 16 weights sums to 1 within n * 2^-24 ~ 1e-6",
                 needs=("blocks.{layer}.attn.hook_pattern",))
 def pattern_distribution(case: Case) -> Plan:

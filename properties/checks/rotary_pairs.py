@@ -22,7 +22,7 @@ MAX_OFFSET = 256
 NORM_RTOL = 1e-5
 
 
-@model_property(name="rotary_norm", order=100, calibrated=True, tolerance=NORM_RTOL,
+@model_property(name="rotary_norm", order=100, calibrated=True, local_floor=True, tolerance=NORM_RTOL,
                 rule="relative to the head vector's norm: a float32 rotation changes a norm by ~3 * 2^-24",
                 applies=Applies(positional=("rotary",),
                                 reason="positional_embedding_type={cfg.positional_embedding_type!r}"),

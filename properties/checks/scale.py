@@ -59,7 +59,7 @@ def _hooks(cfg: Any) -> tuple[str, ...]:
     return tuple(f"blocks.{layer}.attn.{h}" for layer in range(cfg.n_layers) for h in (qn, kn, "hook_attn_scores"))
 
 
-@model_property(name="attention_scale", order=80, calibrated=True, tolerance=TOLERANCE,
+@model_property(name="attention_scale", order=80, calibrated=True, local_floor=True, tolerance=TOLERANCE,
                 rule="relative to max(1, max|s * q.k|, max|bias|): the two float32 dot products differ by "
                      "summation order, ~d_head * 2^-24; masked scores must be <= -1e4",
                 needs=_hooks, needs_doc="blocks.{layer}.attn.hook_q, hook_k (hook_rot_q, hook_rot_k if rotary), "
