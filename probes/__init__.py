@@ -20,6 +20,7 @@ probes split their passes across the ranks and every rank returns the one-proces
 bit (:mod:`probes._shard`); gradient importance, one forward and backward, runs whole on each rank.
 """
 
+from probes.attribution import Attribution, attribution_scores
 from probes.compare import ESTIMATOR_COLUMNS, compare_estimators
 from probes.entropy import attention_entropy
 from probes.importance import head_importance
@@ -29,5 +30,6 @@ from probes.pruning import prune_curve, redundancy
 from probes.roles import head_roles
 from probes.similarity import head_similarity
 
-__all__ = ["head_importance", "patch_residual", "L0Options", "prune_curve", "redundancy", "head_similarity",
+__all__ = ["attribution_scores", "Attribution",
+           "head_importance", "patch_residual", "L0Options", "prune_curve", "redundancy", "head_similarity",
            "head_roles", "attention_entropy", "compare_estimators", "ESTIMATOR_COLUMNS"]

@@ -34,7 +34,7 @@ from harness.adapters.protocol import AnyModel, check_protocol
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.inputs import check_mask, check_tokens
 
-METHODS = ("ablation", "mean_ablation", "gradient", "l0_gates")
+METHODS = ("ablation", "mean_ablation", "gradient", "attribution", "l0_gates")
 ORDERS = ("importance", "random")
 METRICS = ("pattern", "output")
 # The keywords every public probe takes for where the model runs (harness.adapters.placed).
@@ -100,6 +100,7 @@ class ModelInfo:
     takes_attention_mask: bool
     prefix_reuse: bool  # forward(..., stop_at_layer=, start_at_layer=) skips the layers before the start
     hook_points: dict = field(default_factory=dict, compare=False, repr=False)  # name -> HookPoint
+    d_model: int = 0  # sizes a backward pass's activations (probes.gates.grad_rows); 0: unknown
 
 
 def model_info(model: AnyModel, *, need_pattern: bool = False) -> ModelInfo:
@@ -139,6 +140,7 @@ def model_info(model: AnyModel, *, need_pattern: bool = False) -> ModelInfo:
         # TransformerLens's bridge re-runs blocks 0..k-1 under start_at_layer, so reuse saves nothing there
         prefix_reuse="start_at_layer" in params and "stop_at_layer" in params and not is_bridge(model),
         hook_points={name: hook_dict[name] for name in needed},
+        d_model=int(getattr(cfg, "d_model", 0) or 0),
     )
 
 

@@ -157,7 +157,7 @@ def _scores(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str,
 def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] = None,
                        attention_mask: Optional[Tensor] = None, methods: Any = ESTIMATORS, budgets: Any = BUDGETS,
                        seed: int = 0, l0_options: Optional[l0_gates.L0Options] = None,
-                       batch_size: Optional[int] = None) -> pd.DataFrame:
+                       batch_size: Optional[int] = None, known: Optional[dict[str, Any]] = None) -> pd.DataFrame:
     """Each estimator against exact leave-one-out: ``DataFrame[ESTIMATOR_COLUMNS]``, one row per (method, budget).
 
     ``spearman`` / ``kendall``: rank correlation of the estimator's importance with the exact loss
@@ -168,7 +168,10 @@ def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[T
     ``forward_passes``, ``backward_passes``: the estimator's own cost (the exact answer's for
     ``ablation``; the pruning evaluation is shared and not counted). ``seed`` seeds the random
     order and, unless ``l0_options`` gives its own, the L0 gates. ``attrs``: ``baseline_loss``,
-    ``n_heads``.
+    ``n_heads``. ``known`` maps a method to ``(importance [n_layers, n_heads], seconds, forward_passes,
+    backward_passes)`` already computed on this data (``attnlab probe`` ran them as its own steps):
+    those are not recomputed; ``known["ablation"]`` must be the exact answer of every head, and
+    ``known["baseline_loss"]`` the intact loss.
     """
     methods = _check_methods(methods)
     budgets = _check_budgets(budgets)
@@ -182,15 +185,22 @@ def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[T
     L, H = info.n_layers, info.n_heads
     N = L * H
 
+    known = dict(known or {})
     counter = PassCounter(info, data.n)
     cost: dict[str, tuple[float, float, float]] = {}
+    scores: dict[str, Tensor] = {}
+    for method, (value, *spent) in ((m, v) for m, v in known.items() if m in ESTIMATORS):
+        scores[method], cost[method] = torch.as_tensor(value, dtype=torch.float64).cpu().view(L, H), tuple(spent)
     with counter.counting(model):
-        start = time.perf_counter()
-        exact, baseline = leave_one_out(model, info, data, batch_size=batch_size)
-        cost["ablation"] = (time.perf_counter() - start, counter.forward, counter.backward)
-        scores: dict[str, Tensor] = {"ablation": exact.cpu()}
+        if "ablation" in scores and "baseline_loss" in known:
+            exact, baseline = scores["ablation"], float(known["baseline_loss"])
+        else:
+            start = time.perf_counter()
+            exact, baseline = leave_one_out(model, info, data, batch_size=batch_size)
+            cost["ablation"] = (time.perf_counter() - start, counter.forward, counter.backward)
+            scores["ablation"] = exact.cpu()
         for method in methods:
-            if method == "ablation":
+            if method in scores:
                 continue
             counter.forward = counter.backward = 0.0
             start = time.perf_counter()
@@ -199,9 +209,12 @@ def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[T
 
     counts = list(range(N + 1))
     orders = {m: torch.sort(scores[m].flatten(), stable=True).indices for m in methods}
-    masks = torch.cat([_cumulative_masks(orders[m], counts, L, H) for m in methods])
-    loss, _ = gates.masked_stats(model, info, data, masks, batch_size=batch_size)
-    curves = loss.view(len(methods), N + 1).cpu()
+    # each curve runs only until it passes the largest budget (gates.masked_stats_until): prunable_fraction
+    # reads nothing after that, so the numbers are those of the whole curve
+    limit = baseline * (1 + max(budgets))
+    curves = torch.stack([gates.masked_stats_until(model, info, data, _cumulative_masks(orders[m], counts, L, H),
+                                                   lambda loss, _: loss > limit, batch_size=batch_size)[0].cpu()
+                          for m in methods])
 
     exact_flat = exact.flatten().cpu()
     rows = []

@@ -39,16 +39,38 @@ from probes._validate import ModelInfo, ProbeData, z_hook
 # memory traffic of the repeated batch no longer dominates (tests/bench/test_bench_probes.py).
 TOKENS_PER_PASS = 2 ** 15
 CPU_TOKENS_PER_PASS = 2 ** 13
+LOGIT_ELEMENTS = 2 ** 26  # float32 logits per pass (256 MiB); token_nll reads them a slice at a time
+NLL_ELEMENTS = 2 ** 23  # logits per slice of token_nll's float32 cross-entropy (32 MiB of temporaries)
+GRAD_FLOATS_PER_TOKEN = 40
+GRAD_ACTIVATION_BYTES = 3 * 2 ** 28  # 768 MiB of saved activations per backward pass
 
 
-def rows_per_pass(batch_size: Optional[int], pos: int, device: Optional[torch.device] = None) -> int:
+def rows_per_pass(batch_size: Optional[int], pos: int, device: Optional[torch.device] = None, *,
+                  d_vocab: int = 0) -> int:
     """Sequences per forward pass (a sequence repeated for k masks counts k times).
 
-    ``device``: where the model runs; None or a CPU takes the CPU budget."""
+    ``device``: where the model runs; None or a CPU takes the CPU budget. ``d_vocab`` also bounds the
+    pass by its logits (``LOGIT_ELEMENTS``): at a 49k vocabulary 64 rows x 128 tokens of float32 logits
+    are 1.6 GB, and the 135M probe peaked at 5.7 GB RSS with the token budget alone (issue 19)."""
     if batch_size is not None:
         return batch_size
     tokens = TOKENS_PER_PASS if device is not None and torch.device(device).type != "cpu" else CPU_TOKENS_PER_PASS
+    if d_vocab > 0:
+        tokens = min(tokens, LOGIT_ELEMENTS // d_vocab)
     return max(1, tokens // pos)
+
+
+def grad_rows(batch_size: Optional[int], info: ModelInfo, pos: int) -> int:
+    """Sequences per forward + backward pass: autograd keeps every layer's activations until the backward.
+
+    About ``GRAD_FLOATS_PER_TOKEN`` floats per token per layer and d_model (residuals, norms, q/k/v, MLP
+    hidden, saved for the backward; measured: 2.9 MB per token on SmolLM2-135M, 30 layers x d_model 576),
+    plus the logits, held under ``GRAD_ACTIVATION_BYTES`` so a backward never holds gigabytes."""
+    if batch_size is not None:
+        return batch_size
+    per_token = 4 * (GRAD_FLOATS_PER_TOKEN * info.n_layers * max(info.d_model, 1) + 3 * info.d_vocab)
+    return max(1, min(rows_per_pass(None, pos, info.device, d_vocab=info.d_vocab),
+                      GRAD_ACTIVATION_BYTES // (per_token * pos)))
 
 
 @contextmanager
@@ -125,13 +147,20 @@ def _layer_hooks(masks: Tensor, layers: range, means: Optional[Tensor]) -> list:
 
 def token_nll(logits: Float[Tensor, "kb pos d_vocab"], tokens: Int[Tensor, "batch pos"], k: int
               ) -> tuple[Float[Tensor, "k batch pos-1"], Bool[Tensor, "k batch pos-1"]]:
-    """Next-token NLL and correctness ``[k, batch, pos-1]`` for ``k`` mask-major copies of ``tokens``."""
+    """Next-token NLL and correctness ``[k, batch, pos-1]`` for ``k`` mask-major copies of ``tokens``.
+
+    Read a slice of rows at a time (``NLL_ELEMENTS``), so the float32 upcast and the log-softmax
+    never copy the whole logits tensor: the same numbers as one call, without its temporaries."""
     b, p = tokens.shape
-    logits = logits[:, :-1].reshape(k, b, p - 1, -1).float()
-    target = tokens[:, 1:].expand(k, b, p - 1)
-    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none")
-    correct = logits.argmax(-1) == target
-    return nll.view(k, b, p - 1), correct
+    logits = logits[:, :-1]
+    target = tokens[:, 1:].repeat(k, 1)  # [k*b, p-1], mask-major like the logits
+    step = max(1, NLL_ELEMENTS // max(1, (p - 1) * logits.shape[-1]))
+    nll, correct = [], []
+    for s in range(0, logits.shape[0], step):
+        part, tgt = logits[s:s + step].float(), target[s:s + step]
+        nll.append(torch.nn.functional.cross_entropy(part.flatten(0, 1), tgt.flatten(), reduction="none"))
+        correct.append((part.argmax(-1) == tgt).flatten())
+    return torch.cat(nll).view(k, b, p - 1), torch.cat(correct).view(k, b, p - 1)
 
 
 def _chunks(data: ProbeData, rows: int) -> Iterator[tuple[Tensor, Optional[Tensor], Tensor]]:
@@ -172,7 +201,7 @@ def masked_stats(model: ProtocolModel, info: ModelInfo, data: ProbeData, masks: 
     else:
         first = torch.zeros(k, dtype=torch.long, device=info.device)
     groups = [(int(layer), (first == layer).nonzero().flatten()) for layer in torch.unique(first)]
-    rows = rows_per_pass(batch_size, data.pos, info.device)
+    rows = rows_per_pass(batch_size, data.pos, info.device, d_vocab=info.d_vocab)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=info.device)
     correct_sum = torch.zeros(k, dtype=torch.float64, device=info.device)
     # The passes (masks riding together) are the same for every data chunk, so under torchrun each
@@ -204,6 +233,30 @@ def masked_stats(model: ProtocolModel, info: ModelInfo, data: ProbeData, masks: 
     return (loss_sum / total)[inverse], (correct_sum / total)[inverse]
 
 
+def masked_stats_until(model: ProtocolModel, info: ModelInfo, data: ProbeData,
+                       masks: Shaped[Tensor, "k n_layers n_heads"], broken: Callable[[Tensor, Tensor], Tensor],
+                       *, means: Optional[Tensor] = None, batch_size: Optional[int] = None, chunk: Optional[int] = None
+                       ) -> tuple[Float64[Tensor, " k"], Float64[Tensor, " k"]]:
+    """:func:`masked_stats` of ``masks`` in order, stopping after the chunk where ``broken(loss, acc)`` first holds.
+
+    A prune curve is read only up to the first mask that breaks the model (``probes.pruning._prunable``),
+    so the masks after it need not run: the losses up to and including it are the ones the full call
+    gives (same passes, same chunks of data), the rest are NaN. ``chunk``: masks per call (default:
+    as many as ride in one pass).
+    """
+    k = masks.shape[0]
+    loss = torch.full((k,), float("nan"), dtype=torch.float64, device=info.device)
+    acc = torch.full((k,), float("nan"), dtype=torch.float64, device=info.device)
+    rows = rows_per_pass(batch_size, data.pos, info.device, d_vocab=info.d_vocab)
+    step = chunk or max(1, rows // min(data.n, rows))
+    for s in range(0, k, step):
+        loss[s:s + step], acc[s:s + step] = masked_stats(model, info, data, masks[s:s + step], means=means,
+                                                         batch_size=batch_size)
+        if bool(broken(loss[s:s + step], acc[s:s + step]).any()):
+            break
+    return loss, acc
+
+
 def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None
                ) -> Float[Tensor, "n_layers pos n_heads d_head"]:
     """Per-position mean of every head's ``hook_z`` over the data's real tokens.
@@ -216,16 +269,17 @@ def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_
 
     def capture(layer: int, real: Tensor) -> Callable:
         def fn(z: Tensor, hook: Any) -> None:
-            s = (z.double() * real[:, :, None, None]).sum(0)  # [pos, n_heads, d_head]
+            s = (z.double() * real[:, :, None, None]).sum(0)  # [pos, n_heads, d_head]: one layer, one chunk
             sums[layer] = s if layer not in sums else sums[layer] + s
         return fn
 
     with eval_mode(model), torch.no_grad():
-        for tok, am, _ in _chunks(data, rows_per_pass(batch_size, data.pos, info.device)):
+        for tok, am, _ in _chunks(data, rows_per_pass(batch_size, data.pos, info.device, d_vocab=info.d_vocab)):
             real = torch.ones(tok.shape, dtype=torch.float64, device=info.device) if am is None else am.double()
             count += real.sum(0)
             hooks = [(z_hook(layer), capture(layer, real)) for layer in range(info.n_layers)]
-            hooked_pass(model, info, tok, am, hooks)
+            # only activations are needed: a model that can stop mid-stack skips ln_final and the unembedding
+            hooked_pass(model, info, tok, am, hooks, stop=info.n_layers if info.prefix_reuse else None)
     denom = count.clamp(min=1)[:, None, None]
     return torch.stack([sums[layer] / denom for layer in range(info.n_layers)]).float()
 
@@ -258,7 +312,7 @@ def gate_gradients(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, ba
         return fn
 
     with eval_mode(model), torch.enable_grad():
-        for tok, am, w in _chunks(data, rows_per_pass(batch_size, data.pos, info.device)):
+        for tok, am, w in _chunks(data, grad_rows(batch_size, info, data.pos)):
             gates = torch.ones(tok.shape[0], L, H, device=info.device, requires_grad=True)
             hooks = [(z_hook(layer), gated(layer, gates)) for layer in range(L)]
             logits = hooked_pass(model, info, tok, am, hooks)

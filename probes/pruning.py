@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.errors import AttnlabError
 from probes import gates
 from probes._validate import (
     METHODS,
@@ -37,7 +38,7 @@ from probes.importance import importance_scores
 
 
 def _ranking(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str, means: Optional[Tensor],
-             steps: list[int], reestimate: bool, batch_size: Optional[int]) -> Tensor:
+             steps: list[int], reestimate: bool, batch_size: Optional[int], known: Optional[Tensor] = None) -> Tensor:
     """Flat head indices, least important first.
 
     Without ``reestimate`` one importance estimate orders every head; with it, importance is
@@ -46,7 +47,8 @@ def _ranking(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str
     """
     N = info.n_layers * info.n_heads
     if not reestimate:
-        scores, _ = importance_scores(model, info, data, method, means=means, batch_size=batch_size)
+        scores = known if known is not None else \
+            importance_scores(model, info, data, method, means=means, batch_size=batch_size)[0]
         return torch.sort(scores.flatten().cpu(), stable=True).indices
     order: list[int] = []
     base = torch.ones(N, device=info.device)
@@ -61,6 +63,15 @@ def _ranking(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str
         order += chosen
         base[chosen] = 0
     return torch.tensor(order, dtype=torch.long)
+
+
+def _known(scores: Optional[Tensor], info: ModelInfo) -> Optional[Tensor]:
+    if scores is None:
+        return None
+    if not isinstance(scores, Tensor) or tuple(scores.shape) != (info.n_layers, info.n_heads):
+        raise AttnlabError(f"scores {tuple(getattr(scores, 'shape', ()))} is invalid: expected a tensor "
+                           f"[n_layers, n_heads] = [{info.n_layers}, {info.n_heads}] of importance")
+    return scores.double()
 
 
 def _cumulative_masks(order: Tensor, counts: list[int], n_layers: int, n_heads: int) -> Tensor:
@@ -78,7 +89,8 @@ def _random_order(seed: int, n: int) -> Tensor:
 @takes_any_model
 def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, order: Any = "importance",
                 fractions: Any = None, seeds: Any = (0, 1, 2), reestimate: bool = False, method: str = "gradient",
-                batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.DataFrame:
+                batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None,
+                scores: Optional[Tensor] = None) -> pd.DataFrame:
     """Loss and accuracy as heads are pruned: ``DataFrame[order, seed, n_pruned, fraction_pruned, loss, accuracy]``.
 
     ``order``: "importance", "random", or a sequence of both. ``fractions`` (default 0, 0.1, ..., 1)
@@ -86,7 +98,8 @@ def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] 
     the random orders (``seed`` is <NA> for the importance order). ``method`` is the importance
     estimate (see :func:`probes.head_importance`) and, for ``mean_ablation``, how heads are removed;
     the default, ``gradient``, is the I_h Michel et al. prune by (one forward and backward pass,
-    where exact leave-one-out ``ablation`` costs a masked pass per head).
+    where exact leave-one-out ``ablation`` costs a masked pass per head). ``scores``: that importance
+    (``[n_layers, n_heads]``), already computed on this data, so it is not recomputed.
     """
     orders = check_orders(order)
     fracs = check_fractions(fractions)
@@ -104,7 +117,8 @@ def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] 
 
     runs: list[tuple[str, Any, Tensor]] = []
     if "importance" in orders:
-        runs.append(("importance", pd.NA, _ranking(model, info, data, method, means, counts, reestimate, batch_size)))
+        runs.append(("importance", pd.NA, _ranking(model, info, data, method, means, counts, reestimate, batch_size,
+                                                   _known(scores, info))))
     for seed in seeds:
         runs.append(("random", seed, _random_order(seed, N)))
     masks = torch.cat([_cumulative_masks(perm, counts, L, H) for _, _, perm in runs])
@@ -132,7 +146,8 @@ def _prunable(broken: Tensor) -> int:
 @takes_any_model
 def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss_mask: Optional[Tensor] = None,
                method: str = "gradient", seeds: Any = (0, 1, 2), reestimate: bool = False, criterion: str = "loss",
-               batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None) -> pd.Series:
+               batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None,
+               per_layer: bool = True, scores: Optional[Tensor] = None) -> pd.Series:
     """The headline numbers of head redundancy, as a ``pandas.Series``.
 
     A pruned model "survives" when its loss stays within ``baseline_loss * (1 + tolerance)``
@@ -150,12 +165,17 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
       sufficient" test (§3.2): layer l keeps only its best single head, the rest intact, and the
       relative loss increase; ``one_head_all_layers_rel_increase`` / ``_accuracy``: every layer
       keeps only its best head at once.
+
+    ``per_layer=False`` leaves out the per-layer numbers (``heads_needed_L*`` and ``one_head_*``:
+    about ``n_heads`` masked passes more), for a model too large to afford them. ``scores``: as for
+    :func:`prune_curve`.
     """
     tolerance = check_tolerance(tolerance)
     check_choice("method", method, METHODS)
     check_choice("criterion", criterion, CRITERIA)
     seeds = check_seeds(seeds)
     check_bool("reestimate", reestimate)
+    check_bool("per_layer", per_layer)
     batch_size = check_batch_size(batch_size)
     info = model_info(model)
     model = cast(ProtocolModel, model)  # model_info checked it
@@ -164,42 +184,47 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
     N = L * H
     counts = list(range(N + 1))
     means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
-    ranking = _ranking(model, info, data, method, means, counts, reestimate, batch_size)
+    ranking = _ranking(model, info, data, method, means, counts, reestimate, batch_size, _known(scores, info))
 
-    blocks = [_cumulative_masks(ranking, counts, L, H)]  # importance curve, one mask per head count
-    blocks += [_cumulative_masks(_random_order(s, N), counts, L, H) for s in seeds]
+    # Each curve is read up to the first mask that breaks the model, so each runs only that far
+    # (gates.masked_stats_until): the same numbers as running every mask, at a fraction of the passes.
+    base_loss, base_acc = gates.masked_stats(model, info, data, torch.ones(1, L, H), means=means,
+                                             batch_size=batch_size)
+    baseline, baseline_acc = float(base_loss[0]), float(base_acc[0])
+
+    def broken_at(loss: Tensor, acc: Tensor) -> Tensor:
+        return loss > baseline * (1 + tolerance) if criterion == "loss" else acc < baseline_acc - tolerance
+
+    def curve(masks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(broken, loss, acc) over ``masks``, the first one (nothing pruned) being the baseline."""
+        loss, acc = gates.masked_stats_until(model, info, data, masks[1:], broken_at, means=means,
+                                             batch_size=batch_size)
+        loss, acc = torch.cat([base_loss, loss]), torch.cat([base_acc, acc])
+        return broken_at(loss, acc), loss, acc
+
+    imp_broken, imp_loss, imp_acc = curve(_cumulative_masks(ranking, counts, L, H))
+    prunable = _prunable(imp_broken)
+    random_prunable = [_prunable(curve(_cumulative_masks(_random_order(s, N), counts, L, H))[0]) for s in seeds]
+    out: dict[str, Any] = {
+        "n_heads": N, "tolerance": tolerance, "criterion": criterion,
+        "baseline_loss": baseline, "baseline_accuracy": baseline_acc,
+        "prunable_heads": prunable, "prunable_fraction": prunable / N,
+        "pruned_loss": float(imp_loss[prunable]), "pruned_accuracy": float(imp_acc[prunable]),
+        "random_prunable_fraction": sum(random_prunable) / len(random_prunable) / N,
+    }
+    if not per_layer:
+        series = pd.Series(out, name="redundancy", dtype=object)
+        series.attrs.update(method=method, reestimate=reestimate, per_layer=False)
+        return series
     for layer in range(L):  # prune within one layer only, in the global ranking's order
         in_layer = ranking[(ranking // H) == layer]
-        blocks.append(_cumulative_masks(in_layer, list(range(H + 1)), L, H))
+        out[f"heads_needed_L{layer}"] = H - _prunable(curve(_cumulative_masks(in_layer, list(range(H + 1)), L, H))[0])
     single = torch.ones(L * H, L, H)
     for layer in range(L):
         for h in range(H):
             single[layer * H + h, layer] = 0
             single[layer * H + h, layer, h] = 1
-    blocks.append(single)
-    loss, acc = gates.masked_stats(model, info, data, torch.cat(blocks), means=means, batch_size=batch_size)
-
-    baseline, baseline_acc = float(loss[0]), float(acc[0])
-    if criterion == "loss":
-        broken = loss > baseline * (1 + tolerance)
-    else:
-        broken = acc < baseline_acc - tolerance
-    k = N + 1
-    curves = broken[: k * (1 + len(seeds))].view(1 + len(seeds), k)
-    prunable = _prunable(curves[0])
-    random_prunable = [_prunable(c) for c in curves[1:]]
-    out: dict[str, Any] = {
-        "n_heads": N, "tolerance": tolerance, "criterion": criterion,
-        "baseline_loss": baseline, "baseline_accuracy": baseline_acc,
-        "prunable_heads": prunable, "prunable_fraction": prunable / N,
-        "pruned_loss": float(loss[prunable]), "pruned_accuracy": float(acc[prunable]),
-        "random_prunable_fraction": sum(random_prunable) / len(random_prunable) / N,
-    }
-    start = k * (1 + len(seeds))
-    for layer in range(L):
-        out[f"heads_needed_L{layer}"] = H - _prunable(broken[start + layer * (H + 1): start + (layer + 1) * (H + 1)])
-    start += L * (H + 1)
-    one = loss[start: start + L * H].view(L, H)
+    one = gates.masked_stats(model, info, data, single, means=means, batch_size=batch_size)[0].view(L, H)
     best = one.argmin(1)
     for layer in range(L):
         out[f"one_head_best_L{layer}"] = int(best[layer])

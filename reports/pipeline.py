@@ -23,7 +23,6 @@ import torch
 from tqdm.auto import tqdm
 
 import harness
-import probes
 import properties
 from harness._checks import check_int, check_ints, check_number, check_positive_int
 from harness.adapters.placement import check_placement, placed
@@ -39,6 +38,9 @@ from reports.defaults import (
     DEVICE,
     DTYPE,
     MAX_EXAMPLES,
+    PROBE_BUDGET,
+    PROBE_EXACT_TOP,
+    PROBE_RUN_METHODS,
     PROBE_SEQUENCES,
     SATURATION_D_HEADS,
     SEED,
@@ -47,12 +49,14 @@ from reports.defaults import (
     TOP_K_PATTERNS,
 )
 from reports.export import export_hf
+from reports.probe_run import manifest, plan, steps
+from reports.probe_run.progress import Progress
 from reports.render import ReportPaths, render
 
 PROBE_DATA_SEED = 1234  # the probes' validation batch: fixed, so re-running a probe gives the same numbers
 # The importance methods `attnlab probe` runs (names from probes.importance.METHODS, which the report
-# reads back): the measured ones; a method that trains (l0_gates) is for notebooks and is not run here.
-PROBE_METHODS = tuple(m for m in rundata.IMPORTANCE_METHODS if m in ("ablation", "mean_ablation", "gradient"))
+# reads back): those its plan knows; a method that trains (l0_gates) is for notebooks and is not run here.
+PROBE_METHODS = tuple(m for m in rundata.IMPORTANCE_METHODS if f"importance_{m}" in plan.METHODS)
 
 
 def _write_csv(df: pd.DataFrame, path: Path, **kw: Any) -> Path:
@@ -127,37 +131,34 @@ def probe_data(model_cfg: Any, train_cfg: Any, sequences: int = PROBE_SEQUENCES)
     return task.batch(sequences, torch.Generator().manual_seed(PROBE_DATA_SEED), "val")
 
 
-def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int) -> pd.DataFrame:
-    """Attention patterns of the ``k`` most important heads on ``tokens[:1]``, long format."""
-    top = importance.sort_values("importance", ascending=False).head(k).reset_index(drop=True)
-    layers = sorted({int(layer) for layer in top["layer"]})
-    names = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens[:1], names_filter=lambda n: n in names)
-    frames = []
-    for rank, row in top.iterrows():
-        pattern = cache[f"blocks.{int(row['layer'])}.attn.hook_pattern"][0, int(row["head"])].float().cpu()
-        q, kk = torch.meshgrid(torch.arange(pattern.shape[0]), torch.arange(pattern.shape[1]), indexing="ij")
-        frames.append(pd.DataFrame({"layer": int(row["layer"]), "head": int(row["head"]), "rank": rank,
-                                    "query": q.flatten().numpy(), "key": kk.flatten().numpy(),
-                                    "weight": pattern.flatten().numpy()}))
-    return pd.concat(frames, ignore_index=True)
-
-
 def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds: Sequence[int] = SEEDS,
           tolerance: float = TOLERANCE, top_k: int = TOP_K_PATTERNS,
           progress: Optional[bool] = None, model: Any = None, data: Any = None, dtype: Optional[str] = DTYPE,
-          device: Optional[str] = DEVICE, attn_implementation: Optional[str] = ATTN_IMPLEMENTATION) -> dict[str, Any]:
-    """Run every head probe on the run's model over a fixed validation batch; writes ``probes/*``.
+          device: Optional[str] = DEVICE, attn_implementation: Optional[str] = ATTN_IMPLEMENTATION,
+          methods: Optional[Sequence[str]] = PROBE_RUN_METHODS, budget: Optional[float] = PROBE_BUDGET,
+          resume: bool = False, exact_top: int = PROBE_EXACT_TOP) -> dict[str, Any]:
+    """Run the head probes on the run's model over a fixed validation batch; writes ``probes/*``.
 
     ``model`` with ``data = (tokens, loss_mask or None)`` probes a model from outside attnlab
     (:mod:`reports.external`) instead of a trained run's, writing into ``run_dir``. ``dtype``,
     ``device`` and ``attn_implementation`` say where it runs, as for :func:`check`.
+
+    ``methods`` (None: all of :data:`reports.probe_run.plan.METHODS`) are planned before any runs:
+    one pass is timed and the plan (each method, its variant, passes and estimate) printed to stderr;
+    ``budget`` (minutes, None: none) keeps the plan within it by cheaper variants, each named in the
+    plan (:func:`reports.probe_run.plan.make_plan`). Each method's file is written as it finishes,
+    and ``probes/manifest.json`` records the model, data, options and finished methods; ``resume``
+    continues a stopped run, skipping those, and refuses one made from another model or options.
+    ``progress=False`` prints nothing; otherwise progress lines go to stderr, terminal or not.
     """
     check_positive_int("sequences", sequences)
     check_positive_int("top_k", top_k)
+    check_positive_int("exact_top", exact_top)
     seeds = check_ints("seeds", seeds, 0)
     check_number("tolerance", tolerance, 0, 1, high_inclusive=False, expected="a number in (0, 1)")
+    if budget is not None:
+        check_number("budget", budget, 0.0, expected="minutes > 0")
+    chosen = plan.check_methods(methods)
     check_placement(dtype, device)  # before the run is loaded
     if model is None:
         path, model, model_cfg, train_cfg = _load(run_dir)
@@ -168,35 +169,50 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
     where = model_device(model)  # the probes move their inputs themselves; top_patterns' cache run does not
     tokens = tokens.to(where)
     loss_mask = None if loss_mask is None else loss_mask.to(where)
-    out: dict[str, Any] = {}
-    steps: list[tuple[str, Callable[[], Any]]] = [
-        *[(f"importance_{m}", lambda m=m: probes.head_importance(model, tokens, loss_mask=loss_mask, method=m))
-          for m in PROBE_METHODS],
-        ("prune_curve", lambda: probes.prune_curve(model, tokens, loss_mask=loss_mask, order=("importance", "random"),
-                                                   seeds=seeds)),
-        ("redundancy", lambda: probes.redundancy(model, tokens, loss_mask=loss_mask, tolerance=float(tolerance),
-                                                 seeds=seeds)),
-        ("similarity", lambda: probes.head_similarity(model, tokens, metric="pattern")),
-        ("head_roles", lambda: probes.head_roles(model, tokens)),
-        ("attention_entropy", lambda: probes.attention_entropy(model, tokens)),
-        ("patterns", lambda: top_patterns(model, tokens, out["importance_ablation"],
-                                          min(top_k, model.cfg.n_layers * model.cfg.n_heads))),
-        ("estimators", lambda: probes.compare_estimators(model, tokens, loss_mask=loss_mask, seed=seeds[0])),
-    ]
     layout = RunDir(path)
     layout.probes.mkdir(exist_ok=True)
-    bar = tqdm(steps, desc="probes", unit="probe", disable=_quiet(progress))
-    for key, run in bar:
-        bar.set_postfix_str(key)
-        out[key] = run()
-    for key, value in out.items():
-        if key == "redundancy":
-            atomic_write_json(layout.redundancy_json, {k: _plain(v) for k, v in value.items()}, indent=1)
-        else:
-            _write_csv(value, layout.probe_file(rundata.PROBE_FILES[key]), index=key == "similarity")
+    manifest_path = layout.probe_file(rundata.PROBE_FILES["manifest"])
+    ident = manifest.identity(model, tokens, loss_mask)
+    options = {"sequences": int(tokens.shape[0]), "seeds": list(seeds), "tolerance": float(tolerance),
+               "top_k": top_k, "exact_top": exact_top, "dtype": dtype, "device": device,
+               "attn_implementation": attn_implementation}
+    if resume:
+        record = manifest.check_resume(manifest_path, ident, options)
+    else:
+        record = manifest.new(ident, options)
+        for stale in (*[steps.output(layout, m) for m in plan.METHODS], manifest_path):
+            stale.unlink(missing_ok=True)  # a fresh run: no file of an older run stays beside its own
+    say = Progress(model.cfg.n_layers, int(tokens.shape[0]), enabled=progress is not False)
+    seconds, shape = steps.first_pass(model, tokens, loss_mask, exact_top, len(seeds))
+    the_plan = plan.make_plan(chosen, shape, seconds, None if budget is None else budget * 60)
+    for line in the_plan.lines():
+        say.say(line)
+    record["plan"] = [{"method": s.method, "variant": s.variant.name} for s in the_plan.steps]
+    record["notes"] = the_plan.notes
+    atomic_write_json(manifest_path, record, indent=1)
     example = pd.DataFrame({"position": range(tokens.shape[1]), "token": tokens[0].tolist()})
     _write_csv(example, layout.probe_file(rundata.PROBE_FILES["example"]), index=False)
-    return out
+    ctx = steps.Context(model, tokens, loss_mask, tuple(seeds), float(tolerance), top_k, layout)
+    for method, done in record["finished"].items():  # --resume: what later methods read, from the files
+        ctx.results[method] = steps.read(layout, method)
+        ctx.costs[method] = (done["seconds"], done.get("forward", float("nan")), done.get("backward", float("nan")))
+        if done.get("baseline_loss") is not None:
+            ctx.results[method].attrs["baseline_loss"] = done["baseline_loss"]
+    for i, step in enumerate(the_plan.steps, 1):
+        if step.method in record["finished"]:
+            kept = steps.output(layout, step.method)
+            say.say(f"[{i}/{len(the_plan.steps)}] {step.method}: finished before, kept ({kept})")
+            continue
+        start = time.perf_counter()
+        with say.step(i, len(the_plan.steps), step, model):
+            ctx.results[step.method] = steps.RUNNERS[step.method](ctx, step.variant)
+        spent = time.perf_counter() - start
+        ctx.costs[step.method] = (spent, say.done, 1.0 if "bwd" in step.variant.name else 0.0)
+        steps.write(layout, step.method, ctx.results[step.method])
+        baseline = getattr(ctx.results[step.method], "attrs", {}).get("baseline_loss")
+        manifest.finish(manifest_path, record, step.method, step.variant.name, spent, baseline_loss=baseline,
+                        forward=ctx.costs[step.method][1], backward=ctx.costs[step.method][2])
+    return ctx.results
 
 
 # --- saturation ----------------------------------------------------------------------------------

@@ -328,6 +328,7 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
         "redundancy": None if data.redundancy is None else redundancy_rows(data.redundancy),
         "top_heads": _top_heads(data),
         "has_probes": data.has_probes,
+        "probe_status": rundata.probe_status(data),
         "heal_rows": heal_rows(data.heal),
         "estimator_rows": estimator_rows(data.estimators),
         "figures": {f.key: f for f in figures},

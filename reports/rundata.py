@@ -48,6 +48,7 @@ PROBE_FILES = {
     "example": "example_tokens.csv",
     "heal": "heal.csv",  # written by the heal stage (reports.heal)
     "estimators": "estimators.csv",  # probes.compare_estimators
+    "manifest": "manifest.json",  # reports.probe_run.manifest: what a probe run was made from, what finished
 }
 ACCURACY_DROP = 0.01  # the second reading of the prune curve: accuracy may fall by at most 1 point
 INDUCTION_THRESHOLD = 0.5  # induction score above which a head counts as an induction head (Olsson et al. 2022)
@@ -137,6 +138,7 @@ class RunData:
     heal: Optional[pd.DataFrame] = None
     model_card: Optional[dict] = None  # model.json of a model from outside attnlab (then no configs, no metrics)
     estimators: Optional[pd.DataFrame] = None
+    probe_manifest: Optional[dict] = None  # probes/manifest.json (reports.probe_run.manifest): plan and finished
 
     @property
     def has_probes(self) -> bool:
@@ -201,7 +203,22 @@ def _load_stages(data: RunData) -> RunData:
     data.example_tokens = None if example is None else [int(t) for t in example.sort_values("position")["token"]]
     if layout.redundancy_json.exists():
         data.redundancy = read_json(layout.redundancy_json)
+    manifest = layout.probe_file(PROBE_FILES["manifest"])
+    if manifest.exists():
+        data.probe_manifest = read_json(manifest)
     return data
+
+
+def probe_status(data: RunData) -> Optional[dict[str, list[str]]]:
+    """A probe run that is partial or planned down: its ``missing`` methods (planned, not finished) and the
+    plan's ``notes`` (what a budget replaced or dropped); None for a whole run or one without a manifest."""
+    m = data.probe_manifest
+    if not isinstance(m, dict):
+        return None
+    finished = m.get("finished") or {}
+    missing = [str(s.get("method")) for s in m.get("plan") or [] if s.get("method") not in finished]
+    notes = [str(n) for n in m.get("notes") or []]
+    return {"missing": missing, "notes": notes} if missing or notes else None
 
 
 def _last(series: pd.Series) -> float:

@@ -1,0 +1,99 @@
+"""probes/manifest.json: what a probe run was made from, and which of its methods have finished.
+
+Written atomically after every finished method, so a run stopped at any moment (Ctrl-C, SIGTERM,
+SIGKILL) says exactly which CSVs are whole. ``--resume`` reads it: a run made from another model,
+other data or other options is refused with one line naming what differs, before anything is
+written; otherwise the finished methods are skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from harness.errors import AttnlabError
+from harness.run_dir import atomic_write_json, read_json
+
+VERSION = 1
+
+
+def fingerprint(model: Any) -> str:
+    """A short hash of every parameter's name, shape, dtype and sums (9 significant digits).
+
+    Sums in float64 without a float64 copy of the tensor; 9 digits, so that a different thread count
+    (another summation order) still matches while another checkpoint does not."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in sorted(model.state_dict().items()):
+            if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+                continue
+            total, mass = float(p.sum(dtype=torch.float64)), float(p.abs().sum(dtype=torch.float64))
+            digest.update(f"{name}{tuple(p.shape)}{p.dtype}{total:.9e}{mass:.9e}".encode())
+    return digest.hexdigest()[:16]
+
+
+def data_hash(tokens: torch.Tensor, loss_mask: Optional[torch.Tensor]) -> str:
+    digest = hashlib.sha256(tokens.detach().cpu().to(torch.int64).numpy().tobytes())
+    digest.update(str(tuple(tokens.shape)).encode())
+    if loss_mask is not None:
+        digest.update(loss_mask.detach().cpu().to(torch.int64).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def identity(model: Any, tokens: torch.Tensor, loss_mask: Optional[torch.Tensor]) -> dict[str, Any]:
+    """The model and the data a run was made from."""
+    cfg = model.cfg
+    return {"class": type(model).__name__, "n_layers": int(cfg.n_layers), "n_heads": int(cfg.n_heads),
+            "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab), "weights": fingerprint(model),
+            "data": data_hash(tokens, loss_mask)}
+
+
+def new(ident: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    return {"version": VERSION, "model": ident, "options": options, "finished": {}}
+
+
+def read(path: Path) -> Optional[dict[str, Any]]:
+    if not path.exists():
+        return None
+    manifest = read_json(path)
+    if not isinstance(manifest, dict) or manifest.get("version") != VERSION or \
+            not isinstance(manifest.get("finished"), dict):
+        raise AttnlabError(f"{path} is not a probe manifest (version {VERSION}): remove it, or probe into another "
+                           f"--out folder")
+    return manifest
+
+
+def differences(manifest: dict[str, Any], ident: dict[str, Any], options: dict[str, Any]) -> list[str]:
+    """What differs between the run in ``manifest`` and this one, as ``field: was X, now Y``."""
+    out = []
+    for part, now in (("model", ident), ("options", options)):
+        was = manifest.get(part, {})
+        for key in sorted(set(was) | set(now)):
+            if was.get(key) != now.get(key):
+                label = {"weights": "model weights", "data": "probe data"}.get(key, key)
+                out.append(f"{label}: was {was.get(key)!r}, now {now.get(key)!r}")
+    return out
+
+
+def check_resume(path: Path, ident: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The manifest to continue, or one error naming what differs (nothing is written either way)."""
+    manifest = read(path)
+    if manifest is None:
+        raise AttnlabError(f"--resume: {path} does not exist, so there is no probe run to continue: run without "
+                           f"--resume")
+    diff = differences(manifest, ident, options)
+    if diff:
+        raise AttnlabError(f"--resume: {path.parent} was probed from another model, data or options "
+                           f"({'; '.join(diff)}); nothing was overwritten: probe into another --out folder, or "
+                           f"run without --resume to start again")
+    return manifest
+
+
+def finish(path: Path, manifest: dict[str, Any], method: str, variant: str, seconds: float, **facts: Any) -> None:
+    """Record ``method`` as finished (its file is already whole), with what --resume needs of it (``facts``)."""
+    manifest["finished"][method] = {"variant": variant, "seconds": round(seconds, 3),
+                                    **{k: v for k, v in facts.items() if v is not None}}
+    atomic_write_json(path, manifest, indent=1)

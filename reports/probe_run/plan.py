@@ -1,0 +1,178 @@
+"""The plan of `attnlab probe`: which methods run, in which variant, at what cost, before any of them runs.
+
+Cost is counted in passes: one forward pass of the whole probe batch through the whole model (a
+backward pass counts as two: it does about twice a forward's matrix products, Kaplan et al. 2020,
+§2.1). A pass is timed once on the model itself (:func:`reports.probe_run.steps.first_pass`) and every
+estimate is passes x that time.
+
+Exact leave-one-out costs a masked pass per head. When the whole plan does not fit the time budget,
+methods fall back, in :data:`PRIORITY` order, to variants that do, and the plan says so: the
+importances become "exact for the top candidates" of attribution patching (Nanda 2023, "Attribution
+patching"; Syed, Rager & Conmy 2023: a first-order estimate of every head's ablation effect from one
+forward and one backward pass), the prune curve keeps fewer points and one random order, redundancy
+keeps its headline, the estimator comparison drops L0 gates; a method with no variant that fits is
+dropped, never silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from harness.errors import AttnlabError
+
+# Every method `attnlab probe` runs, in the order it runs them (a later one reads an earlier one's result).
+METHODS = ("importance_gradient", "importance_attribution", "importance_ablation", "importance_mean_ablation",
+           "prune_curve", "redundancy", "similarity", "head_roles", "attention_entropy", "patterns", "estimators")
+# Who gets the budget first: the cheap rankings, the exact answer, the pattern views, then the curves.
+PRIORITY = ("importance_gradient", "importance_attribution", "importance_ablation", "patterns", "attention_entropy",
+            "head_roles", "similarity", "prune_curve", "redundancy", "importance_mean_ablation", "estimators")
+BACKWARD = 2.0  # a backward pass in forward passes (Kaplan et al. 2020)
+PATTERN = 1.5  # a pass that reads hook_pattern takes the explicit attention path instead of SDPA
+REDUCED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the prune curve's points when the full one does not fit
+L0_STEPS, L0_ROWS = 100, 16  # probes.L0Options: steps, rows per step (each a forward and a backward pass)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the cost of a method depends on."""
+
+    n_layers: int
+    n_heads: int
+    sequences: int
+    seeds: int
+    prefix_reuse: bool  # the model starts mid-stack (probes.gates): a mask first off at layer l costs (L - l) / L
+    masks_per_pass: int  # probes.gates.rows_per_pass // sequences: masks riding in one pass
+    exact_top: int  # heads whose exact answer a "top candidates" variant computes
+
+    @property
+    def heads(self) -> int:
+        return self.n_layers * self.n_heads
+
+    def masked(self, k: float, depth: float = 1.0) -> float:
+        """Passes for ``k`` masks over the data, each running ``depth`` of the model on average."""
+        depth = depth if self.prefix_reuse else 1.0
+        return math.ceil(k / self.masks_per_pass) * depth + (1.0 if self.prefix_reuse else 0.0)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # "exact", "top 8 of 270", ...
+    passes: float
+    note: str = ""  # what this variant leaves out, said in the plan
+
+
+@dataclass
+class Step:
+    method: str
+    variant: Variant
+    seconds: float
+
+
+@dataclass
+class Plan:
+    steps: list[Step]
+    notes: list[str] = field(default_factory=list)  # what was replaced or dropped, and why
+    seconds_per_pass: float = 0.0
+    budget_s: Optional[float] = None
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    def lines(self) -> list[str]:
+        """The plan as `attnlab probe` prints it, one line per method."""
+        out = [f"plan: {len(self.steps)} methods, ~{fmt_seconds(self.seconds)} at {self.seconds_per_pass:.3g} s per "
+               f"pass (timed)" + ("" if self.budget_s is None else f", budget {fmt_seconds(self.budget_s)}")]
+        out += [f"  {s.method:<26} {s.variant.name:<22} {s.variant.passes:8.1f} passes  ~{fmt_seconds(s.seconds)}"
+                for s in self.steps]
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def variants(method: str, shape: Shape) -> list[Variant]:
+    """The ways to run ``method``, best first, with their passes."""
+    L, N, S = shape.n_layers, shape.heads, shape.seeds
+    top = min(shape.exact_top, N)
+    depth = (L + 1) / (2 * L)  # a head of layer l starts its pass at l: the mean share of the model run
+    grad = 1 + BACKWARD  # the one attribution pass every ranking shares (probes.attribution)
+    if method in ("importance_gradient", "importance_attribution"):
+        return [Variant("one fwd+bwd", grad)]
+    if method in ("importance_ablation", "importance_mean_ablation"):
+        extra = 1.0 if method == "importance_mean_ablation" else 0.0  # the head means
+        out = [Variant("exact", extra + shape.masked(N + 1, depth))]
+        if top < N:
+            out.append(Variant(f"exact top {top} of {N}", grad + shape.masked(top + 1, depth),
+                               f"{method}: exact for the top {top} of {N} heads by attribution patching, the rest "
+                               f"its first-order estimate (column exact)"))
+        return out
+    if method == "prune_curve":
+        full = Variant("11 points", shape.masked(9 * (1 + S) + 2))
+        reduced = Variant("5 points, 1 seed", shape.masked(3 * 2 + 2),
+                          f"prune_curve: {len(REDUCED_FRACTIONS)} points and one random order instead of 11 and {S}")
+        return [full, reduced] if S > 1 else [full]
+    if method == "redundancy":
+        curves = (1 + S) * shape.masks_per_pass * 2  # each curve stops at its first broken mask: about 2 passes
+        per_layer = L * 2 + shape.masked(N + 1)
+        return [Variant("full", 1 + shape.masked(curves) + per_layer),
+                Variant("headline only", 1 + shape.masked(curves),
+                        "redundancy: headline only (no per-layer heads_needed / one_head rows)")]
+    if method in ("similarity", "head_roles", "attention_entropy"):
+        return [Variant("one pattern pass", PATTERN)]
+    if method == "patterns":
+        return [Variant("one sequence", PATTERN / shape.sequences)]
+    if method == "estimators":
+        curves = 4 * shape.masked(N + 1) / 2  # each curve stops past the largest budget: about half of it
+        l0 = L0_STEPS * min(L0_ROWS, shape.sequences) / shape.sequences * (1 + BACKWARD)
+        return [Variant("with l0_gates", curves + l0),
+                Variant("without l0_gates", curves, "estimators: without l0_gates (its training does not fit)")]
+    raise AttnlabError(f"unknown probe method {method!r}: expected one of {', '.join(METHODS)}")
+
+
+def check_methods(methods: Optional[Sequence[str]]) -> tuple[str, ...]:
+    """The methods to run, in run order; an unknown name is one error listing the valid ones."""
+    if methods is None:
+        return METHODS
+    items = [methods] if isinstance(methods, str) else list(methods)
+    unknown = [m for m in items if m not in METHODS]
+    if unknown or not items:
+        raise AttnlabError(f"--methods {','.join(map(str, items))}: unknown method(s) {unknown or 'none given'}; "
+                           f"expected a comma-separated list of {','.join(METHODS)}")
+    return tuple(m for m in METHODS if m in items)
+
+
+def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, budget_s: Optional[float]) -> Plan:
+    """The best variant of each method that keeps the whole plan within ``budget_s`` (None: no budget).
+
+    Methods claim the budget in :data:`PRIORITY` order, each its best variant that still fits; what
+    does not fit at all is dropped, with a note. A budget below even the cheapest plan of the first
+    method is an error naming that plan's estimate.
+    """
+    chosen: dict[str, Variant] = {}
+    notes: list[str] = []
+    left = math.inf if budget_s is None else budget_s
+    for method in sorted(methods, key=PRIORITY.index):
+        options = variants(method, shape)
+        fit = next((v for v in options if v.passes * seconds_per_pass <= left), None)
+        if fit is None:
+            if not chosen:
+                cheapest = options[-1].passes * seconds_per_pass
+                raise AttnlabError(f"--budget {budget_s / 60:.3g} min is too small: the cheapest plan ({method}, "
+                                   f"{options[-1].name}) needs ~{fmt_seconds(cheapest)}; expected a budget of at "
+                                   f"least {math.ceil(cheapest / 60 * 10) / 10:g} min")
+            notes.append(f"{method}: dropped, its cheapest variant needs ~"
+                         f"{fmt_seconds(options[-1].passes * seconds_per_pass)} and {fmt_seconds(left)} is left")
+            continue
+        if fit is not options[0]:
+            full = fmt_seconds(options[0].passes * seconds_per_pass)
+            notes.append(f"{fit.note} ({options[0].name} would need ~{full})")
+        chosen[method] = fit
+        left -= fit.passes * seconds_per_pass
+    steps = [Step(m, chosen[m], chosen[m].passes * seconds_per_pass) for m in METHODS if m in chosen]
+    return Plan(steps, notes, seconds_per_pass, budget_s)

@@ -1,0 +1,205 @@
+"""How each method of `attnlab probe` runs, where its result is written, and how it is read back on --resume.
+
+The cheap rankings share one attribution pass (:func:`probes.attribution_scores`: gradient
+importance, zero- and mean-ablation attribution and the head means from one forward and one
+backward pass); the exact answers, the prune curves and the estimator comparison reuse what earlier
+methods of the same run computed instead of computing it again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+import probes
+from harness.run_dir import RunDir, atomic_write, atomic_write_json, read_json
+from probes import gates
+from probes._validate import model_info, probe_data
+from probes.compare import ESTIMATORS
+from probes.importance import importance_frame
+from reports import rundata
+from reports.probe_run.plan import REDUCED_FRACTIONS, Shape, Variant
+
+WARM_S = 2.0  # first passes shorter than this are timed again (at most 3) and the fastest is the estimate
+
+
+@dataclass
+class Context:
+    """One probe run: the model, its data and options, and what its finished methods produced."""
+
+    model: Any
+    tokens: Tensor
+    loss_mask: Optional[Tensor]
+    seeds: tuple[int, ...]
+    tolerance: float
+    top_k: int
+    layout: RunDir
+    results: dict[str, Any] = field(default_factory=dict)
+    costs: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # seconds, forward, backward
+    _attribution: Optional[probes.Attribution] = None
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.cfg.n_layers * self.model.cfg.n_heads)
+
+    def attribution(self) -> probes.Attribution:
+        if self._attribution is None:
+            self._attribution = probes.attribution_scores(self.model, self.tokens, loss_mask=self.loss_mask)
+        return self._attribution
+
+    def scores(self, method: str) -> Tensor:
+        """``[n_layers, n_heads]`` importance of a finished importance method (read back on --resume)."""
+        frame = self.results[f"importance_{method}"]
+        cfg = self.model.cfg
+        return torch.tensor(frame["importance"].to_numpy(), dtype=torch.float64).view(cfg.n_layers, cfg.n_heads)
+
+    def gradient(self) -> Tensor:
+        """The gradient importance prune orders follow (probes.prune_curve's default method)."""
+        if "importance_gradient" in self.results:
+            return self.scores("gradient")
+        return self.attribution().gradient
+
+
+def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_top: int, seeds: int
+               ) -> tuple[float, Shape]:
+    """Seconds of one pass of the whole data through the whole model, timed on the model itself, and its shape."""
+    info = model_info(model)
+    data = probe_data(info, tokens, loss_mask=loss_mask)
+    ones = torch.ones(1, info.n_layers, info.n_heads)
+    seconds = []
+    # a first pass pays one-off costs (allocator, kernels' first use); where a pass is cheap, time a second
+    while len(seconds) < 3 and (not seconds or sum(seconds) < WARM_S):
+        start = time.perf_counter()
+        gates.masked_stats(model, info, data, ones)
+        seconds.append(time.perf_counter() - start)
+    rows = gates.rows_per_pass(None, data.pos, info.device, d_vocab=info.d_vocab)
+    shape = Shape(info.n_layers, info.n_heads, data.n, seeds, info.prefix_reuse,
+                  max(1, rows // min(data.n, rows)), exact_top)
+    return min(seconds), shape
+
+
+def _top(estimate: Tensor, k: int) -> Tensor:
+    """Flat indices of the ``k`` heads whose removal the estimate says raises the loss most."""
+    return torch.argsort(estimate.flatten().cpu(), descending=True, stable=True)[:k]
+
+
+def _exact_for_top(ctx: Context, method: str, estimate: Tensor, k: int) -> pd.DataFrame:
+    """Exact ``method`` for the top ``k`` heads of ``estimate``; the other rows keep the estimate (exact False)."""
+    frame = probes.head_importance(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, method=method,
+                                   heads=_top(estimate, k))
+    exact = frame["loss_delta"].notna()
+    guess = estimate.flatten().cpu().numpy()
+    frame.loc[~exact, "importance"] = guess[~exact.to_numpy()]
+    frame.loc[~exact, "loss_delta"] = guess[~exact.to_numpy()]
+    frame["exact"] = exact
+    return frame
+
+
+def _importance(method: str) -> Callable[[Context, Variant], Any]:
+    def run(ctx: Context, variant: Variant) -> pd.DataFrame:
+        if method in ("gradient", "attribution"):
+            a = ctx.attribution()
+            imp, delta = (a.gradient, a.zero_delta) if method == "gradient" else (a.mean_delta, a.mean_delta)
+            return importance_frame(imp, delta, method=method, normalize=False, baseline_loss=None)
+        if variant.name == "exact":
+            frame = probes.head_importance(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, method=method)
+            frame["exact"] = True
+            return frame
+        a = ctx.attribution()
+        return _exact_for_top(ctx, method, a.zero_delta if method == "ablation" else a.mean_delta,
+                              int(variant.name.split()[2]))
+    return run
+
+
+def _prune_curve(ctx: Context, variant: Variant) -> pd.DataFrame:
+    full = variant.name == "11 points"
+    return probes.prune_curve(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, order=("importance", "random"),
+                              seeds=ctx.seeds if full else ctx.seeds[:1], scores=ctx.gradient(),
+                              fractions=None if full else REDUCED_FRACTIONS)
+
+
+def _redundancy(ctx: Context, variant: Variant) -> pd.Series:
+    return probes.redundancy(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, tolerance=float(ctx.tolerance),
+                             seeds=ctx.seeds, scores=ctx.gradient(), per_layer=variant.name == "full")
+
+
+def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int) -> pd.DataFrame:
+    """Attention patterns of the ``k`` most important heads on ``tokens[:1]``, long format."""
+    top = importance.sort_values("importance", ascending=False).head(k).reset_index(drop=True)
+    layers = sorted({int(layer) for layer in top["layer"]})
+    names = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens[:1], names_filter=lambda n: n in names)
+    frames = []
+    for rank, row in top.iterrows():
+        pattern = cache[f"blocks.{int(row['layer'])}.attn.hook_pattern"][0, int(row["head"])].float().cpu()
+        q, kk = torch.meshgrid(torch.arange(pattern.shape[0]), torch.arange(pattern.shape[1]), indexing="ij")
+        frames.append(pd.DataFrame({"layer": int(row["layer"]), "head": int(row["head"]), "rank": rank,
+                                    "query": q.flatten().numpy(), "key": kk.flatten().numpy(),
+                                    "weight": pattern.flatten().numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _patterns(ctx: Context, variant: Variant) -> pd.DataFrame:
+    found = [m for m in ("ablation", "mean_ablation", "attribution", "gradient") if f"importance_{m}" in ctx.results]
+    importance = ctx.results[f"importance_{found[0]}"] if found else \
+        importance_frame(ctx.attribution().zero_delta, ctx.attribution().zero_delta)
+    return top_patterns(ctx.model, ctx.tokens, importance, min(ctx.top_k, ctx.n_heads))
+
+
+def _estimators(ctx: Context, variant: Variant) -> pd.DataFrame:
+    """probes.compare_estimators, reusing the importances this run already has where they are exact."""
+    known: dict[str, Any] = {}
+    for method in ("ablation", "mean_ablation", "gradient"):
+        frame = ctx.results.get(f"importance_{method}")
+        if frame is not None and ("exact" not in frame or bool(frame["exact"].all())):
+            known[method] = (ctx.scores(method), *ctx.costs.get(f"importance_{method}", (float("nan"),) * 3))
+    if "ablation" in known:
+        known["baseline_loss"] = ctx.results["importance_ablation"].attrs.get("baseline_loss")
+        if known["baseline_loss"] is None:  # read back from its CSV on --resume: one pass finds it again
+            known.pop("baseline_loss")
+    methods = ESTIMATORS if variant.name == "with l0_gates" else tuple(m for m in ESTIMATORS if m != "l0_gates")
+    return probes.compare_estimators(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, seed=ctx.seeds[0],
+                                     methods=methods, known=known)
+
+
+RUNNERS: dict[str, Callable[[Context, Variant], Any]] = {
+    **{f"importance_{m}": _importance(m) for m in ("gradient", "attribution", "ablation", "mean_ablation")},
+    "prune_curve": _prune_curve,
+    "redundancy": _redundancy,
+    "similarity": lambda ctx, v: probes.head_similarity(ctx.model, ctx.tokens, metric="pattern"),
+    "head_roles": lambda ctx, v: probes.head_roles(ctx.model, ctx.tokens),
+    "attention_entropy": lambda ctx, v: probes.attention_entropy(ctx.model, ctx.tokens),
+    "patterns": _patterns,
+    "estimators": _estimators,
+}
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def write(layout: RunDir, method: str, value: Any) -> None:
+    """The method's file, written atomically (a stopped run never leaves half of one)."""
+    if method == "redundancy":
+        atomic_write_json(layout.redundancy_json, {k: _plain(v) for k, v in value.items()}, indent=1)
+    else:
+        index = method == "similarity"
+        atomic_write(layout.probe_file(rundata.PROBE_FILES[method]), lambda f: value.to_csv(f, index=index))
+
+
+def read(layout: RunDir, method: str) -> Any:
+    """A finished method's result, read back from its file (--resume)."""
+    if method == "redundancy":
+        return read_json(layout.redundancy_json)
+    return pd.read_csv(layout.probe_file(rundata.PROBE_FILES[method]), index_col=0 if method == "similarity" else None)
+
+
+def output(layout: RunDir, method: str) -> Any:
+    return layout.redundancy_json if method == "redundancy" else layout.probe_file(rundata.PROBE_FILES[method])
