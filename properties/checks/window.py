@@ -34,7 +34,7 @@ from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import token_batches
 
-MAX_WINDOW_LEN = 24  # long enough to leave the smallest window by a few keys, short enough for milliseconds
+MAX_WINDOW_LEN = 24  # windows up to this long get searched lengths and batches; longer ones one row past the edge
 
 
 def admitted(n: int, window: int, causal: bool) -> torch.Tensor:
@@ -63,9 +63,13 @@ def sliding_window(case: Case) -> Plan:
     layers = [(layer, w) for layer, w in enumerate(windows(cfg)) if w is not None]
     names = dict(zip((layer for layer, _ in layers), case.hooks, strict=True))
     causal = cfg.attention_dir == "causal"
-    # reach past the smallest window by a few keys, so that both edges of the window are seen
-    longest = min(cfg.n_ctx, max(MAX_LEN, min(w for _, w in layers) + 3), MAX_WINDOW_LEN)
-    strategy = token_batches(cfg.d_vocab, max_batch=2, min_len=min(2, longest), max_len=longest)
+    # reach past the smallest window by a few keys, so that both edges of the window are seen: a real
+    # checkpoint's window (Gemma-3: 512) takes inputs that long, one row each (a few seconds per pass)
+    longest = min(cfg.n_ctx, max(MAX_LEN, min(w for _, w in layers) + 3))
+    if longest <= MAX_WINDOW_LEN:
+        strategy = token_batches(cfg.d_vocab, max_batch=2, min_len=min(2, longest), max_len=longest)
+    else:
+        strategy = token_batches(cfg.d_vocab, max_batch=1, min_len=longest, max_len=longest)
     scores = {layer: f"blocks.{layer}.attn.hook_attn_scores" for layer, _ in layers}
     scores = {layer: name for layer, name in scores.items() if name in case.observed}
 

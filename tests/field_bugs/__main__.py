@@ -14,6 +14,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-examples", type=int, default=None)
     parser.add_argument("--bugs", nargs="*", default=None, help="names from tests.field_bugs.catalogue.BUGS")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="check every model in this dtype, cast as from_pretrained(dtype=) loads it")
     parser.add_argument("--write-docs", type=Path, default=None, help="write the Markdown page here")
     args = parser.parse_args(argv)
     from properties.strategies import load_profile
@@ -26,7 +28,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     unknown = set(args.bugs or ()) - {b.name for b in BUGS}
     if unknown:
         parser.error(f"unknown bugs {sorted(unknown)}: expected names from {[b.name for b in BUGS]}")
-    matrix, frames = bug_matrix(bugs, seed=args.seed, max_examples=args.max_examples)
+    matrix, frames = bug_matrix(bugs, seed=args.seed, max_examples=args.max_examples, dtype=args.dtype)
     print(to_markdown(matrix))
     print(summary(matrix, bugs))
     if args.write_docs is not None:

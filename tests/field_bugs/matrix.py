@@ -8,9 +8,10 @@ same model unpatched: a false alarm, which must stay 0.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Any, Optional
 
 import pandas as pd
+import torch
 
 from harness.adapters import adapt
 from properties import PROPERTIES, check_model
@@ -19,9 +20,22 @@ from tests.field_bugs.catalogue import KNOWN_FALSE_ALARMS, FieldBug
 CELLS = {"fail": "caught", "pass": "-", "n/a": "n/a", "unobservable": "unobs."}
 
 
-def protocol_model(bug: FieldBug):
+def loaded_in(hf: Any, dtype: Optional[str]) -> Any:
+    """``hf`` in ``dtype`` as ``from_pretrained(dtype=...)`` loads a checkpoint: every parameter and buffer cast,
+    except the rotary ``inv_freq`` tables, which stay float32 (a plain ``.to(dtype)`` rounds them too:
+    transformers #25681, the live finding of tests/test_field_bugs.py)."""
+    if dtype is None or dtype == "float32":
+        return hf
+    kept = {(m, n): b.clone() for m in hf.modules() for n, b in m.named_buffers(recurse=False) if "inv_freq" in n}
+    hf = hf.to(getattr(torch, dtype))
+    for (module, name), buffer in kept.items():
+        setattr(module, name, buffer)
+    return hf
+
+
+def protocol_model(bug: FieldBug, dtype: Optional[str] = None):
     """The model as a user would hand it to the suite: ``harness.adapters.adapt`` or their own function."""
-    hf = bug.build()
+    hf = loaded_in(bug.build(), dtype)
     if bug.wrap == "hf":
         return adapt(hf)
     if bug.wrap == "bridge_user":
@@ -36,20 +50,21 @@ def protocol_model(bug: FieldBug):
 
 
 def run(bug: FieldBug, *, patched: bool = True, properties: Optional[list[str]] = None, seed: int = 0,
-        max_examples: Optional[int] = None) -> pd.DataFrame:
-    """``check_model`` on the bug's model, with the patch active (``patched``) for building and checking."""
+        max_examples: Optional[int] = None, dtype: Optional[str] = None) -> pd.DataFrame:
+    """``check_model`` on the bug's model in ``dtype`` (:func:`loaded_in`), the patch active (``patched``) for
+    building and checking."""
     with bug.patch() if patched else contextlib.nullcontext():
-        return check_model(protocol_model(bug), seed=seed, max_examples=max_examples, properties=properties)
+        return check_model(protocol_model(bug, dtype), seed=seed, max_examples=max_examples, properties=properties)
 
 
 def bug_matrix(bugs: list[FieldBug], *, seed: int = 0, max_examples: Optional[int] = None,
-               properties: Optional[list[str]] = None) -> tuple[pd.DataFrame, dict]:
+               properties: Optional[list[str]] = None, dtype: Optional[str] = None) -> tuple[pd.DataFrame, dict]:
     """(bug x property cells plus "clean" false alarms, {bug: its patched result frame})."""
     names = list(PROPERTIES) if properties is None else list(properties)
     rows, frames = {}, {}
     for bug in bugs:
-        frame = run(bug, properties=names, seed=seed, max_examples=max_examples).set_index("property")
-        clean = run(bug, patched=False, properties=names, seed=seed, max_examples=max_examples)
+        frame = run(bug, properties=names, seed=seed, max_examples=max_examples, dtype=dtype).set_index("property")
+        clean = run(bug, patched=False, properties=names, seed=seed, max_examples=max_examples, dtype=dtype)
         row = {p: CELLS[frame.loc[p, "status"]] for p in names}
         row["clean"] = str(int((clean["status"] == "fail").sum()))
         rows[bug.name], frames[bug.name] = row, (frame, clean)
