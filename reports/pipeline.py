@@ -183,8 +183,10 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         for stale in (*[steps.output(layout, m) for m in plan.METHODS], manifest_path):
             stale.unlink(missing_ok=True)  # a fresh run: no file of an older run stays beside its own
     say = Progress(model.cfg.n_layers, int(tokens.shape[0]), enabled=progress is not False)
-    seconds, shape = steps.first_pass(model, tokens, loss_mask, exact_top, len(seeds))
-    the_plan = plan.make_plan(chosen, shape, seconds, None if budget is None else budget * 60)
+    seconds, shape = steps.first_pass(model, tokens, loss_mask, exact_top, len(seeds),
+                                      backward="importance_gradient" not in record["finished"])
+    the_plan = plan.make_plan(chosen, shape, seconds, None if budget is None else budget * 60,
+                              finished={m: d["variant"] for m, d in record["finished"].items()})
     for line in the_plan.lines():
         say.say(line)
     record["plan"] = [{"method": s.method, "variant": s.variant.name} for s in the_plan.steps]

@@ -57,6 +57,17 @@ def test_a_budget_replaces_the_exact_answer_by_top_candidates_and_says_so():
     assert "passes" in text and "budget 10.0 min" in text
 
 
+def test_the_attribution_pass_is_paid_once_and_finished_methods_cost_nothing():
+    p = plan.make_plan(["importance_gradient", "importance_attribution"], SMOL, 14.0, None)
+    assert [s.passes for s in p.steps] == [3.0, 0.0]  # one forward + backward gives both
+    fresh = plan.make_plan(plan.METHODS, SMOL, 14.0, 10 * 60)
+    resumed = plan.make_plan(plan.METHODS, SMOL, 14.0, 10 * 60, finished={"importance_gradient": "one fwd+bwd"})
+    assert variant_of(resumed, "importance_gradient") == "one fwd+bwd, kept"
+    kept = next(s for s in resumed.steps if s.method == "importance_gradient")
+    assert kept.seconds == 0 and resumed.seconds <= 10 * 60
+    assert len(resumed.steps) >= len(fresh.steps)  # the budget it no longer spends goes to what is left
+
+
 def test_a_small_model_keeps_everything_exact_within_the_default_budget():
     p = plan.make_plan(plan.METHODS, TINY, 0.01, 10 * 60)
     assert [s.method for s in p.steps] == list(plan.METHODS) and not p.notes

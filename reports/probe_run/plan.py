@@ -46,6 +46,7 @@ class Shape:
     prefix_reuse: bool  # the model starts mid-stack (probes.gates): a mask first off at layer l costs (L - l) / L
     masks_per_pass: int  # probes.gates.rows_per_pass // sequences: masks riding in one pass
     exact_top: int  # heads whose exact answer a "top candidates" variant computes
+    grad_passes: float = 0.0  # one forward + backward over the data, timed, in passes (0: 1 + BACKWARD)
 
     @property
     def heads(self) -> int:
@@ -62,6 +63,11 @@ class Variant:
     name: str  # "exact", "top 8 of 270", ...
     passes: float
     note: str = ""  # what this variant leaves out, said in the plan
+    shared: float = 0.0  # passes of the one attribution pass (probes.attribution) within ``passes``: paid once a run
+
+    def cost(self, paid: bool) -> float:
+        """Passes this variant adds to a plan that has (``paid``) or has not run the attribution pass yet."""
+        return self.passes - self.shared if paid else self.passes
 
 
 @dataclass
@@ -69,6 +75,7 @@ class Step:
     method: str
     variant: Variant
     seconds: float
+    passes: float = 0.0  # what it adds to the plan (a pass shared with an earlier method is not counted twice)
 
 
 @dataclass
@@ -86,7 +93,7 @@ class Plan:
         """The plan as `attnlab probe` prints it, one line per method."""
         out = [f"plan: {len(self.steps)} methods, ~{fmt_seconds(self.seconds)} at {self.seconds_per_pass:.3g} s per "
                f"pass (timed)" + ("" if self.budget_s is None else f", budget {fmt_seconds(self.budget_s)}")]
-        out += [f"  {s.method:<26} {s.variant.name:<22} {s.variant.passes:8.1f} passes  ~{fmt_seconds(s.seconds)}"
+        out += [f"  {s.method:<26} {s.variant.name:<22} {s.passes:8.1f} passes  ~{fmt_seconds(s.seconds)}"
                 for s in self.steps]
         out += [f"  note: {n}" for n in self.notes]
         return out
@@ -101,16 +108,16 @@ def variants(method: str, shape: Shape) -> list[Variant]:
     L, N, S = shape.n_layers, shape.heads, shape.seeds
     top = min(shape.exact_top, N)
     depth = (L + 1) / (2 * L)  # a head of layer l starts its pass at l: the mean share of the model run
-    grad = 1 + BACKWARD  # the one attribution pass every ranking shares (probes.attribution)
+    grad = shape.grad_passes or 1 + BACKWARD  # the one attribution pass every ranking shares (probes.attribution)
     if method in ("importance_gradient", "importance_attribution"):
-        return [Variant("one fwd+bwd", grad)]
+        return [Variant("one fwd+bwd", grad, shared=grad)]
     if method in ("importance_ablation", "importance_mean_ablation"):
         extra = 1.0 if method == "importance_mean_ablation" else 0.0  # the head means
         out = [Variant("exact", extra + shape.masked(N + 1, depth))]
         if top < N:
             out.append(Variant(f"exact top {top} of {N}", grad + shape.masked(top + 1, depth),
                                f"{method}: exact for the top {top} of {N} heads by attribution patching, the rest "
-                               f"its first-order estimate (column exact)"))
+                               f"its first-order estimate (column exact)", shared=grad))
         return out
     if method == "prune_curve":
         full = Variant("11 points", shape.masked(9 * (1 + S) + 2))
@@ -129,7 +136,7 @@ def variants(method: str, shape: Shape) -> list[Variant]:
         return [Variant("one sequence", PATTERN / shape.sequences)]
     if method == "estimators":
         curves = 4 * shape.masked(N + 1) / 2  # each curve stops past the largest budget: about half of it
-        l0 = L0_STEPS * min(L0_ROWS, shape.sequences) / shape.sequences * (1 + BACKWARD)
+        l0 = L0_STEPS * min(L0_ROWS, shape.sequences) / shape.sequences * grad
         return [Variant("with l0_gates", curves + l0),
                 Variant("without l0_gates", curves, "estimators: without l0_gates (its training does not fit)")]
     raise AttnlabError(f"unknown probe method {method!r}: expected one of {', '.join(METHODS)}")
@@ -147,8 +154,12 @@ def check_methods(methods: Optional[Sequence[str]]) -> tuple[str, ...]:
     return tuple(m for m in METHODS if m in items)
 
 
-def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, budget_s: Optional[float]) -> Plan:
+def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, budget_s: Optional[float],
+              finished: Optional[dict[str, str]] = None) -> Plan:
     """The best variant of each method that keeps the whole plan within ``budget_s`` (None: no budget).
+
+    ``finished`` (method -> variant, from a stopped run's manifest) costs nothing: those are kept, and
+    the attribution pass they ran is read back from their files, not run again.
 
     Methods claim the budget in :data:`PRIORITY` order, each its best variant that still fits; what
     does not fit at all is dropped, with a note. A budget below even the cheapest plan of the first
@@ -157,9 +168,15 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
     chosen: dict[str, Variant] = {}
     notes: list[str] = []
     left = math.inf if budget_s is None else budget_s
+    finished = finished or {}
+    # the attribution pass, which the cheap rankings share (probes.attribution), is in the plan or its files
+    paid = any(m in finished for m in ("importance_gradient", "importance_attribution"))
     for method in sorted(methods, key=PRIORITY.index):
+        if method in finished:
+            chosen[method] = Variant(f"{finished[method]}, kept", 0.0)
+            continue
         options = variants(method, shape)
-        fit = next((v for v in options if v.passes * seconds_per_pass <= left), None)
+        fit = next((v for v in options if v.cost(paid) * seconds_per_pass <= left), None)
         if fit is None:
             if not chosen:
                 cheapest = options[-1].passes * seconds_per_pass
@@ -173,6 +190,12 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
             full = fmt_seconds(options[0].passes * seconds_per_pass)
             notes.append(f"{fit.note} ({options[0].name} would need ~{full})")
         chosen[method] = fit
-        left -= fit.passes * seconds_per_pass
-    steps = [Step(m, chosen[m], chosen[m].passes * seconds_per_pass) for m in METHODS if m in chosen]
+        left -= fit.cost(paid) * seconds_per_pass
+        paid = paid or fit.shared > 0
+    # in run order, the shared pass is charged to the first method that runs it
+    steps, paid = [], False
+    for m in (m for m in METHODS if m in chosen):
+        v = chosen[m]
+        steps.append(Step(m, v, v.cost(paid) * seconds_per_pass, v.cost(paid)))
+        paid = paid or v.shared > 0
     return Plan(steps, notes, seconds_per_pass, budget_s)

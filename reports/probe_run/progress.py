@@ -37,11 +37,10 @@ class Progress:
     def step(self, index: int, total: int, step: Step, model: Any) -> Iterator[None]:
         """Around one method: its start line, its percentages while its passes run, and its finish line."""
         # forward passes only: the plan's passes count a backward as BACKWARD forwards
-        self._planned = max(step.variant.passes / (1 + BACKWARD) if "bwd" in step.variant.name
-                            else step.variant.passes, 1e-9)
+        self._planned = max(step.passes / (1 + BACKWARD) if "bwd" in step.variant.name else step.passes, 1e-9)
         self._name, self.done = step.method, 0.0
         self._start = self._last = self.clock()
-        self.say(f"[{index}/{total}] {step.method} ({step.variant.name}): ~{step.variant.passes:.1f} passes, "
+        self.say(f"[{index}/{total}] {step.method} ({step.variant.name}): ~{step.passes:.1f} passes, "
                  f"~{fmt_seconds(step.seconds)}")
         handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
         try:

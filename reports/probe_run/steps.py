@@ -8,6 +8,7 @@ methods of the same run computed instead of computing it again.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,17 @@ class Context:
         cfg = self.model.cfg
         return torch.tensor(frame["importance"].to_numpy(), dtype=torch.float64).view(cfg.n_layers, cfg.n_heads)
 
+    def estimate(self, method: str) -> Tensor:
+        """First-order loss change of removing each head (zero ablation for ``ablation``, mean otherwise):
+        from this run's attribution pass, or from the files of the finished methods that hold it (--resume)."""
+        source = "importance_gradient" if method == "ablation" else "importance_attribution"
+        if source in self.results:
+            cfg = self.model.cfg
+            frame = self.results[source]
+            return torch.tensor(frame["loss_delta"].to_numpy(), dtype=torch.float64).view(cfg.n_layers, cfg.n_heads)
+        a = self.attribution()
+        return a.zero_delta if method == "ablation" else a.mean_delta
+
     def gradient(self) -> Tensor:
         """The gradient importance prune orders follow (probes.prune_curve's default method)."""
         if "importance_gradient" in self.results:
@@ -66,8 +78,8 @@ class Context:
         return self.attribution().gradient
 
 
-def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_top: int, seeds: int
-               ) -> tuple[float, Shape]:
+def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_top: int, seeds: int,
+               backward: bool = True) -> tuple[float, Shape]:
     """Seconds of one pass of the whole data through the whole model, timed on the model itself, and its shape."""
     info = model_info(model)
     data = probe_data(info, tokens, loss_mask=loss_mask)
@@ -79,8 +91,18 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
         gates.masked_stats(model, info, data, ones)
         seconds.append(time.perf_counter() - start)
     rows = gates.rows_per_pass(None, data.pos, info.device, d_vocab=info.d_vocab)
+    # a backward pass runs in smaller chunks (gates.grad_rows bounds its saved activations), which costs
+    # more per token than the forward's: time one chunk of it rather than assume 2 forwards' worth
+    # (``backward=False``: a resumed run whose attribution pass is done; the plan then assumes 1 + BACKWARD)
+    grad_passes = 0.0
+    if backward:
+        grad_rows = min(data.n, gates.grad_rows(None, info, data.pos))
+        start = time.perf_counter()
+        gates.gate_gradients(model, info, probe_data(info, tokens[:grad_rows],
+                                                     loss_mask=None if loss_mask is None else loss_mask[:grad_rows]))
+        grad_passes = (time.perf_counter() - start) * math.ceil(data.n / grad_rows) / min(seconds)
     shape = Shape(info.n_layers, info.n_heads, data.n, seeds, info.prefix_reuse,
-                  max(1, rows // min(data.n, rows)), exact_top)
+                  max(1, rows // min(data.n, rows)), exact_top, grad_passes=grad_passes)
     return min(seconds), shape
 
 
@@ -111,9 +133,7 @@ def _importance(method: str) -> Callable[[Context, Variant], Any]:
             frame = probes.head_importance(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, method=method)
             frame["exact"] = True
             return frame
-        a = ctx.attribution()
-        return _exact_for_top(ctx, method, a.zero_delta if method == "ablation" else a.mean_delta,
-                              int(variant.name.split()[2]))
+        return _exact_for_top(ctx, method, ctx.estimate(method), int(variant.name.split()[2]))
     return run
 
 

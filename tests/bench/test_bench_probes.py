@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,3 +168,46 @@ def test_bench_l0_gates_and_compare_vs_exact(benchmark, setup):
     # ablation *is* exact leave-one-out: against itself both rank correlations are 1
     assert exact.spearman.tolist() == pytest.approx([1.0] * len(exact)) and \
         exact.kendall.tolist() == pytest.approx([1.0] * len(exact))
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak RSS since the last reset (Linux VmHWM, which ``clear_refs`` 5 resets)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS reset needs Linux /proc")
+def test_bench_probe_peak_rss_at_a_large_vocabulary(benchmark):
+    """Peak RSS (process-wide, VmHWM via /proc, reset before each call: not tracemalloc, which misses
+    torch's allocations) of leave-one-out and of the attribution pass at a 49k vocabulary, the shape
+    whose logits made the 135M probe peak at 5.7 GB: bounded by weights + one pass + results, i.e.
+    gates.LOGIT_ELEMENTS of logits per forward and gates.GRAD_ACTIVATION_BYTES per backward."""
+    from probes import gates
+
+    n_layers = 4 if FULL else 2
+    model = Transformer(ModelConfig(n_layers=n_layers, d_model=128, n_heads=8, d_vocab=49152, n_ctx=128,
+                                    seed=0)).eval()
+    tokens = torch.randint(0, 49152, (10, 128), generator=torch.Generator().manual_seed(0))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    peaks = {}
+
+    def measured(name, call):
+        def run():
+            Path("/proc/self/clear_refs").write_text("5")
+            base = _peak_rss_bytes()
+            call()
+            peaks[name] = _peak_rss_bytes() - base
+        return run
+
+    start = time.perf_counter()
+    benchmark.pedantic(measured("leave_one_out", lambda: probes.head_importance(model, tokens)), rounds=1,
+                       iterations=1)
+    measured("attribution", lambda: probes.attribution_scores(model, tokens))()
+    seconds = time.perf_counter() - start
+    bound = 4 * gates.LOGIT_ELEMENTS + gates.GRAD_ACTIVATION_BYTES + 2 ** 28  # the passes' budgets + 256 MiB slack
+    report(benchmark, f"peak RSS above the loaded model, {n_layers}x8 heads, vocab 49152, 10x128 tokens",
+           loo_peak_mb=peaks["leave_one_out"] / 2 ** 20, attribution_peak_mb=peaks["attribution"] / 2 ** 20,
+           weights_mb=weights / 2 ** 20, bound_mb=bound / 2 ** 20, seconds=seconds, load=load())
+    assert max(peaks.values()) < bound, peaks
