@@ -10,6 +10,7 @@ from harness.adapters.design_facts import AdapterConfig, DesignFacts
 from harness.adapters.entry import adapt
 from harness.adapters.function import FunctionModel
 from harness.adapters.hf import HFAdapter
+from harness.adapters.hf_seq2seq import HFSeq2SeqAdapter
 from harness.adapters.placement import DTYPE_NAMES, check_placement, placed, placement_of
 from harness.adapters.protocol import (
     AnyModel,
@@ -22,5 +23,5 @@ from harness.adapters.protocol import (
 )
 
 __all__ = ["DTYPE_NAMES", "AdapterConfig", "AnyModel", "BridgeAdapter", "DesignFacts", "FunctionModel", "HFAdapter",
-           "ModelCfg", "ProtocolModel", "UnsupportedInput",
+           "HFSeq2SeqAdapter", "ModelCfg", "ProtocolModel", "UnsupportedInput",
            "check_placement", "check_protocol", "observed_hooks", "placed", "placement_of", "required_hooks", "adapt"]

@@ -61,6 +61,9 @@ class DesignFacts:
     # scaling=1.0 (OPT, "to follow the original implementation"): hook_q is then the scaled q, and
     # attn_scales is 1.0. None where the scale is applied to q.k.
     query_prescale: Optional[float] = None
+    # A learned bias b_h(i - j) added to the scores, a function of the head and the query-key offset only
+    # (T5's bucketed relative position bias, Raffel et al. 2020 §2.1). Textbook: none.
+    relative_attention_bias: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,8 @@
 """``adapt(model)``: the one entry that turns what a user hands over into a protocol model.
 
-A Hugging Face ``PreTrainedModel`` gets an :class:`~harness.adapters.hf.HFAdapter` (the same one on
-every call, so hooks are not installed twice), a TransformerLens ``TransformerBridge`` a
+A Hugging Face ``PreTrainedModel`` gets an :class:`~harness.adapters.hf.HFAdapter` (an encoder-decoder
+its subclass :class:`~harness.adapters.hf_seq2seq.HFSeq2SeqAdapter`; the same one on every call, so hooks
+are not installed twice), a TransformerLens ``TransformerBridge`` a
 :class:`~harness.adapters.bridge.BridgeAdapter`, and a model that already follows the protocol
 (or anything else, which the entry point's protocol check then refuses) is returned as it is.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 from harness.adapters.bridge import BridgeAdapter, is_bridge
 from harness.adapters.hf import HFAdapter, _is_pretrained
+from harness.adapters.hf_seq2seq import HFSeq2SeqAdapter, is_hf_encoder_decoder
 
 
 def needs_adapter(model: Any) -> bool:
@@ -26,7 +28,7 @@ def adapt(model: Any) -> Any:
     protocol check, so a model that is neither keeps the checker's error listing what it lacks.
     """
     if _is_pretrained(model):
-        return HFAdapter.of(model)
+        return (HFSeq2SeqAdapter if is_hf_encoder_decoder(model) else HFAdapter).of(model)
     if is_bridge(model):
         return BridgeAdapter(model)
     return model
@@ -35,11 +37,11 @@ def adapt(model: Any) -> Any:
 def describe(model: Any) -> str:
     """Which adapter a (wrapped) model is behind, as results record it in ``attrs["adapter"]``.
 
-    ``"HFAdapter(llama, attention_interface)"`` (architecture and route), ``"BridgeAdapter"``,
-    ``"FunctionModel"`` (a plain module or function given with a cfg) or ``"protocol model"``.
+    ``"HFAdapter(llama, attention_interface)"`` (architecture and route; ``"HFSeq2SeqAdapter(bart, ...)"``),
+    ``"BridgeAdapter"``, ``"FunctionModel"`` (a plain module or function given with a cfg) or ``"protocol model"``.
     """
     if isinstance(model, HFAdapter):
-        return f"HFAdapter({model.cfg.arch}, {model.route})"
+        return f"{type(model).__name__}({model.cfg.arch}, {model.route})"
     if type(model).__module__.startswith("harness.adapters."):  # BridgeAdapter, FunctionModel: by class name
         return type(model).__name__
     return "protocol model"

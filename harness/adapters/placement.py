@@ -197,7 +197,7 @@ def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
         twin.to(device=dev, dtype=dt)
         if kernel is not None:
             _set_kernel(twin, kernel)
-        return HFAdapter(twin)
+        return type(model)(twin)  # HFAdapter or its encoder-decoder subclass
     if kernel is not None:
         label = "BridgeAdapter" if isinstance(model, BridgeAdapter) or is_bridge(model) else type(model).__name__
         raise AttnlabError(f"attn_implementation={attn_implementation!r} cannot be chosen for {label}: it runs "

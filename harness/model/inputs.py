@@ -15,7 +15,7 @@ from torch import Tensor
 from harness._checks import check_int
 from harness.errors import AttnlabError, AttnlabTypeError
 
-__all__ = ["check_tokens", "check_mask", "check_offset", "check_inputs", "check_table_positions"]
+__all__ = ["check_tokens", "check_mask", "check_offset", "check_inputs", "check_table_positions", "check_source"]
 
 
 def check_tokens(tokens: object, d_vocab: int, *, min_pos: int = 1) -> None:
@@ -79,3 +79,18 @@ def check_table_positions(positions: Int[Tensor, "*batch"], n_ctx: int, detail: 
     if last >= n_ctx:
         raise AttnlabError(f"position {last}{detail} is past the learned position table: expected positions "
                            f"< n_ctx={n_ctx}")
+
+
+def check_source(source_tokens: object, source_mask: object, batch: int, d_vocab: int
+                 ) -> Optional[Bool[Tensor, "batch src_pos"]]:
+    """An encoder-decoder's source: ids ``[batch, src_pos]`` (one row per row of ``tokens``) and ``None`` or a
+    0/1 ``source_mask`` of that shape with at least one real token per row; returns the mask as bool."""
+    check_tokens(source_tokens, d_vocab)
+    ids = cast(Tensor, source_tokens)  # check_tokens raised for anything else
+    if ids.shape[0] != batch:
+        raise AttnlabError(f"source_tokens have {ids.shape[0]} rows: expected {batch}, one per row of tokens")
+    mask = check_mask(source_mask, *ids.shape, name="source_mask")
+    if mask is not None and not bool(mask.any(-1).all()):
+        row = int((~mask.any(-1)).nonzero()[0])
+        raise AttnlabError(f"source_mask row {row} has no real token: expected at least one per row")
+    return mask

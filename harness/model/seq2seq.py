@@ -29,7 +29,7 @@ from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import ModelConfig
 from harness.model.cross_attention import CrossCacheEntry, CrossContext, CrossInput, DecoderBlock
 from harness.model.generate import sample
-from harness.model.inputs import check_mask, check_tokens
+from harness.model.inputs import check_source, check_tokens
 from harness.model.kv_cache import KVCache
 from harness.model.layers import AttnContext
 from harness.model.transformer import Transformer
@@ -118,14 +118,7 @@ class EncoderDecoder(Transformer):
         elif started:
             raise AttnlabError("source_tokens were given for a cache that already holds a source: expected them "
                                "only at the first call")
-        check_tokens(source_tokens, self.config.d_vocab)
-        if source_tokens.shape[0] != batch:
-            raise AttnlabError(f"source_tokens have {source_tokens.shape[0]} rows: expected {batch}, one per row "
-                               f"of tokens")
-        mask = check_mask(source_mask, *source_tokens.shape, name="source_mask")
-        if mask is not None and not bool(mask.any(-1).all()):
-            row = int((~mask.any(-1)).nonzero()[0])
-            raise AttnlabError(f"source_mask row {row} has no real token: expected at least one per row")
+        mask = check_source(source_tokens, source_mask, batch, self.config.d_vocab)
         allowed = None if mask is None or bool(mask.all()) else mask[:, None, None, :]
         cross = CrossInput(memory=self.encode(source_tokens, mask), allowed=allowed)
         if cache is not None:

@@ -8,7 +8,9 @@ Allowed entries (causal: key <= query; inside a declared sliding window) must eq
 the ALiBi bias (Press et al. 2022) for ALiBi models, zero otherwise. ALiBi ``"relative"`` is
 ``-m_h |i - j|`` and compared exactly; ``"absolute_key"`` (Bloom's ``m_h * j``) differs from it by a
 per-query constant that softmax cannot see, so there residuals are compared after subtracting
-their mean over each query's allowed keys. The deviation is over
+their mean over each query's allowed keys. A declared learned relative bias (``cfg.relative_attention_bias``,
+T5's ``b_h(i - j)``) is unknown to the check: residuals are compared after subtracting their mean over
+each head's allowed entries of one offset i - j, across the batch. The deviation is over
 ``max(1, max|s * q.k|, max|bias|)``. Tolerance 1e-4: the two float32 dot products differ by
 summation order, ~d_head * 2^-24 relative. Masked entries must be <= -1e4 (their softmax weight
 then underflows to 0); a masked entry above that counts as its excess over -1e4.
@@ -44,6 +46,17 @@ def _row_centered(x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return (x - x.sum(-1, keepdim=True) / count).where(allowed, x.new_zeros(()))
 
 
+def _diagonal_centered(x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``x [batch, heads, n, n]`` minus its mean over each head's allowed entries of one offset i - j (all rows)."""
+    n = x.shape[-1]
+    diag = torch.nn.functional.one_hot(torch.arange(n)[:, None] - torch.arange(n)[None, :] + n - 1, 2 * n - 1)
+    diag = diag.to(x.dtype)  # [q, k, offset]
+    x = x.where(allowed, x.new_zeros(()))
+    count = torch.einsum("bhqk,qkd->hd", allowed.expand_as(x).to(x.dtype), diag).clamp(min=1)
+    mean = torch.einsum("hd,qkd->hqk", torch.einsum("bhqk,qkd->hd", x, diag) / count, diag)
+    return (x - mean).where(allowed, x.new_zeros(()))
+
+
 def _alibi(cfg, n: int, offset: int) -> tuple[torch.Tensor, bool]:
     """The expected ALiBi bias ``[heads, q, k]`` and whether it is taken modulo a per-query constant."""
     slopes, style = design.alibi_design(cfg)
@@ -71,6 +84,7 @@ def attention_scale(case: Case) -> Plan:
     names = {layer: list(case.hooks[3 * layer: 3 * layer + 3]) for layer in range(cfg.n_layers)}
     scales = [design.attn_scale(cfg, layer) for layer in range(cfg.n_layers)]
     cap = design.softcap(cfg)
+    relative = getattr(cfg, "relative_attention_bias", False) is True
     if pos_type == "alibi":
         design.alibi_design(cfg)  # a bad declaration is an error before any work
     fit = {layer: [0.0, 0.0] for layer in names}  # least-squares sums: sum(score * qk), sum(qk^2)
@@ -101,6 +115,8 @@ def attention_scale(case: Case) -> Plan:
             target = scores - bias
             if modulo_query:
                 resid, target, qk = (_row_centered(t, allowed) for t in (resid, target, qk))
+            if relative:  # the declared bias b_h(i - j) is unknown here: compare modulo it
+                resid, target, qk = (_diagonal_centered(t, allowed) for t in (resid, target, qk))
             if cap is None:
                 sel = allowed.expand_as(qk) & torch.isfinite(target)
                 fit[layer][0] += float((target[sel] * qk[sel]).sum())
@@ -116,7 +132,8 @@ def attention_scale(case: Case) -> Plan:
                          f"expected {fmt(float(expected[b, h, i, j] + bias[h, i, j]))} "
                          f"(q.k * {fmt(scales[layer])}" + (f", soft-cap {fmt(cap)}" if cap is not None else "")
                          + (f", ALiBi bias {fmt(float(bias[h, i, j]))}" if pos_type == "alibi" else "") + ")"
-                         + (" modulo a per-query constant" if modulo_query else ""))
+                         + (" modulo a per-query constant" if modulo_query else "")
+                         + (" modulo a learned bias per head and offset i - j" if relative else ""))
             masked = scores.where(~allowed, scores.new_full((), -math.inf)).nan_to_num(nan=math.inf)
             excess = float(masked.max()) - MASK_CEILING
             if excess > worst:
