@@ -36,6 +36,14 @@ the twin goes non-finite and the model does not (the zoo's tiny Gemma-2 in float
 all-masked padded row into NaN, which reaches real rows through 0 * NaN), the floor is the
 model's on a plain unpadded input, same hooks: its rounding noise at this dtype, measured once.
 
+Hidden bugs. In bfloat16 or float16 a small bug can deviate less than the rounding does. A
+calibrated row that passes on such a model is run again on its golden twin (the same code at
+float64), judged by the property's declared float32 tolerance (modeling code computes parts in
+float32 whatever the weights' dtype: rotary phases, softmax upcasts): if the twin fails it, the row stays a pass at the
+model's dtype, since its verdict is about the numbers this model computes, and its reason
+starts with :data:`HIDDEN`, naming the twin's worst deviation and counterexample. So the bug is
+reported as hidden under rounding, not missed silently.
+
 Non-finite values. Every check but ``finite_outputs`` (calibrated, exact, or one with its own
 dtype-derived allowance) that reads a non-finite tensor (``-inf`` allowed in ``hook_attn_scores``,
 where it is how masked scores are written) cannot compare anything: the row is **unobservable**
@@ -62,6 +70,7 @@ from properties.design import model_dtype, unit_roundoff
 
 FACTOR = 4.0
 NOT_COMPARABLE = "not comparable: non-finite values (see finite_outputs)"
+HIDDEN = "hidden under rounding"
 RULE = "measured: 4 x the noise floor against a float64 twin, at least 4 u64 x reduction (docs/precision.md)"
 
 
@@ -89,6 +98,13 @@ def scaled_gap(own: Tensor, golden: Tensor) -> float:
     diff = (own - golden).abs()[ok]
     top = float(golden[ok].abs().max())
     return float(diff.max()) / top if top > 0 else 0.0
+
+
+def coarse(model: Any) -> bool:
+    """Whether ``model`` computes in a dtype coarser than float32 (bfloat16, float16): rounding wide enough
+    that a small bug can pass under it, so a passing calibrated row also runs on the golden twin
+    (properties/registry.py) and says when the twin fails it."""
+    return unit_roundoff(model_dtype(model)) > unit_roundoff(torch.float32)
 
 
 def reduction_size(cfg: Any) -> int:

@@ -22,8 +22,9 @@ from properties import check_model
 from properties.checks import sliding_window
 from properties.checks.window import admitted
 from properties.precision import FACTOR, NOT_COMPARABLE, golden_twin, noise_for, scaled_gap
+from properties.precision import HIDDEN as HIDDEN_NOTE
 from tests.helpers.zoo import build
-from tests.mutants.base import RefConfig, RefModel
+from tests.mutants.base import RefAttention, RefConfig, RefModel
 from tests.mutants.catalogue import MUTANTS
 from tests.mutants.kill_matrix import cell
 
@@ -134,6 +135,23 @@ def test_float16_overflow_is_named_by_finite_outputs():
     assert "layer 1, blocks.1." in frame.loc["finite_outputs", "counterexample"]
     assert not frame.worst.isin([math.inf]).any()
     assert frame.drop(index="finite_outputs").status.ne("fail").all()
+
+
+class SlightlyOffScaleAttention(RefAttention):
+    def scale(self):
+        return (1 + 3e-3) / math.sqrt(self.cfg.d_head)  # 0.3% off: under bfloat16's rounding, far over float64's
+
+
+def test_a_bug_under_bfloat16_rounding_is_reported_hidden_not_missed():
+    model = type("OffScaleModel", (RefModel,), {"attention_cls": SlightlyOffScaleAttention})(RefConfig())
+    exact = check_model(model, properties=["attention_scale"], max_examples=MAX_EXAMPLES).iloc[0]
+    assert exact.status == "fail"  # float32 resolves it
+    row = check_model(placed(model, dtype="bfloat16"), properties=["attention_scale"],
+                      max_examples=MAX_EXAMPLES).iloc[0]
+    assert row.status == "pass" and row.reason.startswith(f"{HIDDEN_NOTE} (bfloat16): its golden copy fails it"), row
+    clean = check_model(placed(RefModel(RefConfig()), dtype="bfloat16"), properties=["attention_scale"],
+                        max_examples=MAX_EXAMPLES).iloc[0]
+    assert clean.status == "pass" and HIDDEN_NOTE not in clean.reason  # a correct model's twin passes
 
 
 def test_sliding_window_tells_float16_underflow_from_a_masked_key():
