@@ -47,7 +47,7 @@ from harness.model.seq2seq import DEFAULT_SOURCE_ID
 
 SELF_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
 # How modeling files name a decoder layer's cross-attention module (BART's encoder_attn, T5's EncDecAttention).
-CROSS_NAME = re.compile(r"encoder_attn|encdecattention|cross_?attn|crossattention", re.IGNORECASE)
+CROSS_NAME = re.compile(r"encoder_attn|encdecattention|cross_?att", re.IGNORECASE)
 KEY_NAMES, VALUE_NAMES = ("k_proj", "key", "k"), ("v_proj", "value", "v")
 OUT_NAMES = (*routes.OUT_PROJ_NAMES, "o")  # T5 names its output projection o
 ENCODER, DECODER = "encoder", "decoder"
