@@ -186,7 +186,9 @@ def golden_twin(model: Any) -> Optional[Any]:
     if cached is not None and cached[0] == key:
         return cached[1]
     made = _twin_at(model, torch.float64)
-    if made is not None and not _deterministic(model, torch.float64):
+    if made is None:  # the float64 copy cannot even be built and adapted (its smoke pass raised): as below
+        return fallback_twin(model)
+    if not _deterministic(model, torch.float64):
         # a model that differs from itself (dropout left on in eval, torchtune #1791) would put its own
         # randomness into the floor and hide behind it: no twin, the check's declared tolerance
         made = None

@@ -132,7 +132,7 @@ def _pre_fix_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
             scores = scores.masked_fill(~attn_mask, -math.inf)
         else:  # the additive form; finfo.min + score overflowed to -inf in the kernel's accumulation
             scores = (scores + attn_mask).masked_fill(attn_mask <= torch.finfo(attn_mask.dtype).min / 2, -math.inf)
-    return scores.softmax(-1) @ value
+    return scores.softmax(-1).to(value.dtype) @ value  # a float32 additive mask promotes bf16/fp16 scores
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ memory), loaded in each dtype as ``from_pretrained(dtype=...)`` loads a checkpoi
 (:func:`tests.field_bugs.matrix.loaded_in`: rotary ``inv_freq`` kept in float32), behind HFAdapter, through
 :func:`properties.check_model`. Prints one line per architecture and dtype: the failed rows (which must be
 only the zoo's documented findings, :data:`tests.helpers.zoo.FINDINGS`), the rows not comparable because of
-non-finite values, and the largest ratio of deviation to allowance among the passing rows.
+non-finite values, the rows noted hidden under rounding (their float64 twin fails them), and the
+largest ratio of deviation to allowance among the passing rows.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from harness.adapters import HFAdapter
 from properties import check_model
+from properties.precision import HIDDEN, NOT_COMPARABLE
 from tests.field_bugs.matrix import loaded_in
 from tests.helpers.zoo import FINDINGS, MAX_EXAMPLES, SEED, ZOO, build
 
@@ -36,7 +38,8 @@ def row(arch: str, dtype: str, max_examples: int = MAX_EXAMPLES) -> dict:
     failed = set(frame.property[frame.status == "fail"])
     passing = frame[frame.status == "pass"]
     return {"arch": arch, "dtype": dtype, "failed": sorted(failed), "false_alarms": sorted(failed - known(arch)),
-            "not_comparable": sorted(frame.property[frame.reason.fillna("").str.startswith("not comparable")]),
+            "not_comparable": sorted(frame.property[frame.reason.fillna("").str.startswith(NOT_COMPARABLE)]),
+            "hidden": sorted(frame.property[frame.reason.fillna("").str.startswith(HIDDEN)]),
             "max_ratio": float(passing.ratio.max()) if len(passing) else 0.0}
 
 
@@ -55,7 +58,9 @@ def main(argv: list[str] | None = None) -> None:
             alarms += len(r["false_alarms"])
             seconds = time.perf_counter() - start
             print(f"| {arch} | {dtype} | {', '.join(r['failed']) or '-'} | {', '.join(r['false_alarms']) or '0'} | "
-                  f"{', '.join(r['not_comparable']) or '-'} | {r['max_ratio']:.2g} | {seconds:.0f} s |", flush=True)
+                  f"{', '.join(r['not_comparable']) or '-'} | {', '.join(r['hidden']) or '-'} | {r['max_ratio']:.2g} | "
+                  f"{seconds:.0f} s |", flush=True)
+    print("| arch | dtype | failed | false alarms | not comparable | hidden | max ratio | time |")
     print(f"false alarms: {alarms}")
 
 
