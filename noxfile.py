@@ -12,6 +12,7 @@ after the CPU torch wheel), so a session costs test time, not install time.
     nox -s typecheck    mypy over harness, properties, probes, reports
     nox -s report       smoke run of `attnlab demo` on a tiny configuration
     nox -s browser      renders a report in headless Chromium and checks the screenshot
+    nox -s census       the census of every transformers model type (reports/census), 2 workers
 """
 
 import os
@@ -75,6 +76,13 @@ def typecheck(session: nox.Session) -> None:
 def report(session: nox.Session) -> None:
     session.run(PY, "-m", "pytest", "tests", "-m", "not bench and not properties", "-q", "-k", "report or cli",
                 *session.posargs)
+
+
+@nox.session
+def census(session: nox.Session) -> None:
+    # every model type transformers ships, tiny, over 2 workers (a few minutes; cached by transformers version and
+    # code hash in $ATTNLAB_CACHE); CSV in census.csv. `attnlab census --write-docs` regenerates docs/models.md.
+    session.run(PY, "-m", "reports.census", "--workers", "2", "--out", "census.csv", *session.posargs)
 
 
 @nox.session

@@ -97,6 +97,7 @@ class HFAdapter(HookedRootModule):
     # set in __init__/_install; Hugging Face module trees are untyped (nn.Module.__getattr__), so Any
     hf_model: Any
     _layers: Any
+    _stack: Any
     _attns: list[Any]
     _outs: list[Any]
     _handles: list[Any]
@@ -108,18 +109,22 @@ class HFAdapter(HookedRootModule):
         config = hf_model.config
         arch = getattr(config, "model_type", type(hf_model).__name__)
         supported = ", ".join(routes.TABLE_ARCHS)
-        layers = routes.find_layers(hf_model, getattr(config.get_text_config(), "num_hidden_layers", None))
-        attns = [routes.attention_module(layer) for layer in layers] if layers is not None else []
-        if getattr(config, "is_encoder_decoder", False) or layers is None or any(a is None for a in attns):
+        stack = routes.find_layers(hf_model, getattr(config.get_text_config(), "num_hidden_layers", None))
+        # a hybrid stack (Mamba, gated DeltaNet, short-conv blocks between attention blocks): its attention blocks are
+        # the protocol's blocks, in order; layer_ids maps block l to the model's layer (the others are not hooked)
+        self.layer_ids = routes.attention_layer_ids(stack) if stack is not None else []
+        layers = [stack[i] for i in self.layer_ids] if stack is not None else []
+        attns = [routes.attention_module(layer) for layer in layers]
+        if getattr(config, "is_encoder_decoder", False) or not layers or any(a is None for a in attns):
             raise AttnlabTypeError(f"architecture {arch!r} ({type(hf_model).__name__}) is not supported by "
                                    f"HFAdapter: it "
-                            f"has no stack of attention blocks the adapter can find (encoder-decoder models are not "
-                            f"supported); supported architectures: {supported}")
+                            f"has no stack of attention blocks the adapter can find (encoder-decoders: adapt() or "
+                            f"HFSeq2SeqAdapter); supported architectures: {supported}")
         self.hf_model = hf_model.eval()
-        self._layers, self._attns = layers, attns
+        self._stack, self._layers, self._attns = stack, layers, attns
         self._outs = [routes.out_projection(layer) for layer in layers]
         d_head = head_dim(cast(nn.Module, attns[0]), config)
-        self._cfg = read_design(hf_model, attns, d_head)
+        self._cfg = read_design(hf_model, attns, d_head, layer_ids=self.layer_ids)
         self.route = self._choose_route(hf_model, attns)
         if self.route == routes.MODULE_HOOKS and any(o is None for o in self._outs):
             raise AttnlabTypeError(f"architecture {arch!r} does not dispatch through transformers' "
@@ -190,7 +195,7 @@ class HFAdapter(HookedRootModule):
             "position_ids" in inspect.signature(table.forward).parameters
         if self._offset_table and table is not None:
             self._handles.append(table.register_forward_pre_hook(self._table_hook, with_kwargs=True))
-        norm = routes.final_norm(hf, self._layers)
+        norm = routes.final_norm(hf, self._stack)
         if norm is not None:
             self._handles.append(norm.register_forward_hook(self._out_hook(self.ln_final.hook_normalized)))
         parts = zip(self._layers, self._attns, self._outs, cast(list[_Block], list(self.blocks)), strict=True)

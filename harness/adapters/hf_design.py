@@ -28,6 +28,8 @@ from harness.errors import AttnlabTypeError
 _ABSOLUTE_KEY_ALIBI = ("bloom", "falcon", "mpt")
 # Learned position tables whose first real row is not 0 (fairseq's padding convention).
 _ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert", "xmod", "roberta-prelayernorm", "data2vec-text")
+# rope_type declared where the rotary bases differ by layer type (no single base to check against)
+PER_LAYER_TYPE = "per_layer_type"
 # GPT-Neo computes raw q.k (no 1/sqrt(d_head)): its attention modules keep no scale attribute.
 _UNSCALED = ("gpt_neo",)
 
@@ -46,8 +48,16 @@ def _int(config: Any, *names: str) -> Optional[int]:
 
 
 def _rope(config: Any) -> dict:
+    """The config's rope_parameters; keyed by layer type (Olmo 3, ModernBERT, Mellum), the one shared by every type,
+    or, where the types differ (160000 for full attention, 10000 for sliding), no base and a non-default rope_type:
+    one declared base would be wrong for some layers."""
     params = getattr(config, "rope_parameters", None)
-    return params if isinstance(params, dict) else {}
+    if not isinstance(params, dict):
+        return {}
+    if params and all(isinstance(v, dict) for v in params.values()):
+        kinds = list(params.values())
+        return kinds[0] if all(k == kinds[0] for k in kinds) else {"rope_type": PER_LAYER_TYPE}
+    return params
 
 
 def _modeling_module(attn: Optional[nn.Module]) -> Any:
@@ -62,7 +72,10 @@ def positional_type(config: Any, hf_model: nn.Module, attn: Optional[nn.Module])
     if arch == "mpt" and getattr(getattr(config, "attn_config", None), "alibi", False):
         return "alibi"
     module = _modeling_module(attn)
-    if module is not None and hasattr(module, "apply_rotary_pos_emb"):
+    if module is not None and _calls(module, "apply_rotary_pos_emb"):
+        return "rotary"
+    # a rotary module under another helper's name (Qwen3-ASR, OmniASR): rotary, though its rot hooks may not fire
+    if any("Rotary" in type(sub).__name__ for sub in hf_model.modules()):
         return "rotary"
     if _sinusoidal_rotary(attn):
         return "rotary"
@@ -74,6 +87,18 @@ def positional_type(config: Any, hf_model: nn.Module, attn: Optional[nn.Module])
     return "none"
 
 
+def _calls(module: Any, name: str) -> bool:
+    """Whether the modeling file calls ``name`` (Jamba and Nemotron-H copy apply_rotary_pos_emb but never call it:
+    they have no positions in attention)."""
+    if not hasattr(module, name):
+        return False
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return True
+    return source.count(f"{name}(") > source.count(f"def {name}(")
+
+
 def _sinusoidal_rotary(attn: Optional[nn.Module]) -> bool:
     """RoFormer (Su et al. 2021, the RoPE paper's model): its sinusoidal table gives the angles of a rotation
     applied to q and k inside attention (``apply_rotary_position_embeddings``), nothing is added to the residual."""
@@ -83,6 +108,10 @@ def _sinusoidal_rotary(attn: Optional[nn.Module]) -> bool:
 def _rotary_style(module: Any, attn: Optional[nn.Module]) -> str:
     """"interleaved" (pairs (2i, 2i+1): GPT-J's rotate_every_two, Cohere's and RoFormer's ``x[..., ::2]``) or "half"."""
     if module is not None and hasattr(module, "rotate_every_two"):
+        return "interleaved"
+    # Llama 4 turns (x_2i, x_2i+1) as one complex number (torch.view_as_complex): interleaved pairs
+    complex_rope = getattr(module, "apply_rotary_emb", None) if module is not None else None
+    if complex_rope is not None and "view_as_complex" in inspect.getsource(complex_rope):
         return "interleaved"
     if _sinusoidal_rotary(attn):
         return "interleaved"
@@ -195,8 +224,14 @@ def head_dim(attn: nn.Module, config: Any) -> int:
     return int(text.hidden_size // text.num_attention_heads)
 
 
-def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_head: int) -> AdapterConfig:
-    """The ``cfg`` of ``hf_model`` behind an HFAdapter, given its per-layer attention modules and head size."""
+def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_head: int,
+                layer_ids: Optional[list[int]] = None) -> AdapterConfig:
+    """The ``cfg`` of ``hf_model`` behind an HFAdapter, given its per-layer attention modules and head size.
+
+    ``layer_ids`` are the model's layer indices of those modules (a hybrid stack's attention layers; default
+    0, 1, ...): per-layer config lists (``layer_types``) are read at them.
+    """
+    ids = list(range(len(attn_modules))) if layer_ids is None else layer_ids
     config = _text_config(hf_model.config)
     arch = str(getattr(config, "model_type", type(hf_model).__name__))
     n_layers = len(attn_modules)
@@ -221,9 +256,12 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         style = _rotary_style(module, attn0)
     base = rope_type = None
     if rotary:
-        base = _rope(config).get("rope_theta", getattr(config, "rope_theta", getattr(config, "rotary_emb_base", None)))
+        rope = _rope(config)
+        base = rope.get("rope_theta", getattr(config, "rope_theta", getattr(config, "rotary_emb_base", None)))
         base = float(base) if base is not None else 10000.0  # GPT-J/CodeGen hard-code 10000
-        rope_type = _rope(config).get("rope_type")
+        rope_type = rope.get("rope_type")
+        if rope_type == PER_LAYER_TYPE:
+            base = None
     softcap = getattr(config, "attn_logit_softcapping", None)
     # a module without is_causal follows its head: a masked LM predicts from both sides (DeBERTa, ConvBERT keep no flag)
     default_causal = not type(hf_model).__name__.endswith("ForMaskedLM")
@@ -237,7 +275,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         device=str(next((p.device for p in hf_model.parameters()), "cpu")), arch=arch,
         attn_scale=scales[0], attn_scales=scales,
         attn_softcap=float(softcap) if softcap is not None else None,
-        sliding_window=tuple(_sliding(config, a, i) for i, a in enumerate(attn_modules)),
+        sliding_window=tuple(_sliding(config, a, i) for i, a in zip(ids, attn_modules, strict=True)),
         rotary_dim=_rotary_dim(config, attn0, d_head) if rotary else None, rotary_style=style, rotary_base=base,
         rope_type=rope_type, pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0, qk_norm=qk_norm,
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,

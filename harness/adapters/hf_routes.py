@@ -60,6 +60,11 @@ def find_layers(hf_model: nn.Module, n_layers: Optional[int]) -> Optional[nn.Mod
     return max(lists, key=len) if lists else None
 
 
+def attention_layer_ids(layers: nn.ModuleList) -> list[int]:
+    """The indices of the blocks that hold an attention module: every block, except in a hybrid stack."""
+    return [i for i, layer in enumerate(layers) if attention_module(layer) is not None]
+
+
 def _is_attention(module: nn.Module) -> bool:
     return "Attention" in type(module).__name__ or type(module).__name__ == "Attention"
 

@@ -77,7 +77,7 @@ def _plain_kwargs(mt: ModelType) -> dict[str, Any]:
     return {"decoder_input_ids": PLAIN[:, :2]} if mt.task == "seq2seq_lm" else {}
 
 
-def mixers(model: nn.Module) -> tuple[list[int], list[str]]:
+def mixers(model: Any) -> tuple[list[int], list[str]]:  # a PreTrainedModel (untyped module tree)
     """The layers of the block stack that hold an attention module, and the class names of the others' mixers."""
     config = model.config
     layers = routes.find_layers(model, getattr(config.get_text_config(), "num_hidden_layers", None))
@@ -106,7 +106,7 @@ def _mixer_name(layer: nn.Module) -> str:
     return type(layer).__name__
 
 
-def _multimodal(model: nn.Module) -> Optional[str]:
+def _multimodal(model: Any) -> Optional[str]:
     """The text config's class where the model wraps a text model inside a multimodal one, else None."""
     config = model.config
     text = config.get_text_config()
@@ -154,11 +154,7 @@ def _classify(mt: ModelType, r: Result) -> None:
         r.reason = "no attention module in its blocks: " + (", ".join(others) or "no block stack found")
         return
     r.stage = "adapter"
-    if others:
-        r.category = "unsupported"
-        r.reason = (f"hybrid: attention in layers {attn}, {', '.join(others)} in the rest; HFAdapter takes only a "
-                    "stack whose every block has attention")
-        return
+    hybrid = f"attention layers {attn} checked; {', '.join(others)} in the others" if others else None
     try:
         adapter = HFAdapter(model)
         r.route = adapter.route
@@ -178,10 +174,10 @@ def _classify(mt: ModelType, r: Result) -> None:
                   if row.status == "fail"}
     reasons = {row.property: one_line(str(row.reason), 120) for row in frame.itertuples()
                if row.status == "unobservable"}
-    _verdict(r, reasons, _multimodal(model))
+    _verdict(r, reasons, _multimodal(model), hybrid)
 
 
-def _verdict(r: Result, unobservable: dict[str, str], text_config: Optional[str]) -> None:
+def _verdict(r: Result, unobservable: dict[str, str], text_config: Optional[str], hybrid: Optional[str]) -> None:
     documented = findings.for_type(r.model_type)
     untriaged = sorted(p for p in r.failures if p not in documented)
     if untriaged:
@@ -190,9 +186,11 @@ def _verdict(r: Result, unobservable: dict[str, str], text_config: Optional[str]
     elif r.failures:
         r.category = "finding"
         r.reason = "; ".join(f"{p}: {documented[p].summary}" for p in sorted(r.failures))
-    elif text_config is not None:
-        r.category = "multimodal wrapper"
-        r.reason = f"the text model ({text_config}) checked through the wrapper's forward"
+    elif hybrid is not None or text_config is not None:
+        r.category = "hybrid" if hybrid is not None else "multimodal wrapper"
+        r.reason = hybrid or f"the text model ({text_config}) checked through the wrapper's forward"
+        if unobservable:
+            r.reason += "; unobservable: " + ", ".join(sorted(unobservable))
     elif unobservable:
         r.category = "unobservable"
         r.reason = "; ".join(f"{p}: {why}" for p, why in sorted(unobservable.items()))

@@ -15,15 +15,25 @@ class Finding:
     model_type: str
     prop: str
     summary: str
-    witness: str  # tests/helpers/census_witness.py::<witness>
+    witness: str  # tests/helpers/census_witness.py::<witness>, called with the model type
 
 
 _FALCON = ("Falcon (no ALiBi) under sdpa with output_attentions=True takes its eager branch and adds sdpa's boolean "
            "mask to the scores (+1/+0) instead of masking: the pattern sees future and padded keys (the zoo's finding; "
            "the plain forward is causal).")
+_POSITIONS = ("its causal-LM forward takes no position_ids and numbers learned positions by index, so a masked "
+              "left pad moves every real token one position on (the mask itself works: the pad's id changes "
+              "nothing); left-padded batches give other logits than the unpadded prompt.")
+_LEAK = ("a masked pad's token id reaches the real tokens (MobileBERT's trigram input convolution, ConvBERT's span "
+         "convolution, YOSO's hashed attention): the pad is not fully masked.")
+LEFT_PAD_MOVES = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus",
+                  "plbart", "prophetnet", "trocr", "whisper")
+PAD_LEAKS = ("convbert", "mobilebert", "yoso")
 FINDINGS: tuple[Finding, ...] = (
     Finding("falcon", "causal_pattern", _FALCON, "falcon_census"),
     Finding("falcon", "padding_pattern", _FALCON, "falcon_census"),
+    *(Finding(t, "padding_outputs", _POSITIONS, "left_padding_moves_positions") for t in LEFT_PAD_MOVES),
+    *(Finding(t, "padding_outputs", _LEAK, "padding_leaks_into_real_tokens") for t in PAD_LEAKS),
 )
 
 

@@ -132,7 +132,7 @@ def shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = min(value, TOP_K)
         elif key in _MLA:
             out[key] = _MLA[key]
-        elif key.endswith("vocab_size") and key != "type_vocab_size":
+        elif "vocab_size" in key and key != "type_vocab_size":
             out[key] = min(value, VOCAB)
         elif key in ("n_group", "topk_group", "first_k_dense_replace"):
             out[key] = min(value, 1)
