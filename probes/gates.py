@@ -42,7 +42,9 @@ CPU_TOKENS_PER_PASS = 2 ** 13
 LOGIT_ELEMENTS = 2 ** 26  # float32 logits per pass (256 MiB); token_nll reads them a slice at a time
 NLL_ELEMENTS = 2 ** 23  # logits per slice of token_nll's float32 cross-entropy (32 MiB of temporaries)
 GRAD_FLOATS_PER_TOKEN = 20
-GRAD_ACTIVATION_BYTES = 3 * 2 ** 28  # 768 MiB of saved activations per backward pass
+# Saved activations per backward pass: 512 MiB. On SmolLM2-135M (2 GB goal) peak RSS was 1.67 GB at one
+# 128-token row per backward and 2.31 GB at three, ~0.32 GB a row: two rows keep it near 2 GB.
+GRAD_ACTIVATION_BYTES = 2 ** 29
 
 
 def rows_per_pass(batch_size: Optional[int], pos: int, device: Optional[torch.device] = None, *,

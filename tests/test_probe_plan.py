@@ -24,7 +24,8 @@ from tests.helpers.cli_run import assert_one_line_error, copy_run
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # SmolLM2-135M's shape on 2 cores: 30 x 9 heads, 10 sequences, one mask per pass, 14 s per pass (measured)
-SMOL = plan.Shape(n_layers=30, n_heads=9, sequences=10, seeds=3, prefix_reuse=False, masks_per_pass=1, exact_top=8)
+SMOL = plan.Shape(n_layers=30, n_heads=9, sequences=10, seeds=3, prefix_reuse=False, masks_per_pass=1, exact_top=8,
+                  pos=128)
 TINY = plan.Shape(n_layers=2, n_heads=4, sequences=8, seeds=2, prefix_reuse=True, masks_per_pass=8, exact_top=8)
 FAST = ["--seeds", "0,1", "--no-progress"]
 

@@ -32,6 +32,9 @@ PRIORITY = ("importance_gradient", "importance_attribution", "importance_ablatio
 BACKWARD = 2.0  # a backward pass in forward passes (Kaplan et al. 2020)
 PATTERN = 1.5  # a pass that reads hook_pattern takes the explicit attention path instead of SDPA
 REDUCED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the prune curve's points when the full one does not fit
+# probes.head_similarity's Jensen-Shannon divergence of every pair of heads over every query and key:
+# N^2 / 2 x n x pos^2 elements at this rate (6.0e9 took 113 s on SmolLM2-135M, 2 shared cores at load 6)
+JSD_ELEMENTS_PER_S = 5e7
 L0_STEPS, L0_ROWS = 100, 16  # probes.L0Options: steps, rows per step (each a forward and a backward pass)
 
 
@@ -47,6 +50,7 @@ class Shape:
     masks_per_pass: int  # probes.gates.rows_per_pass // sequences: masks riding in one pass
     exact_top: int  # heads whose exact answer a "top candidates" variant computes
     grad_passes: float = 0.0  # one forward + backward over the data, timed, in passes (0: 1 + BACKWARD)
+    pos: int = 0  # tokens per sequence (the pattern similarity's pairwise cost grows with pos^2)
 
     @property
     def heads(self) -> int:
@@ -64,10 +68,14 @@ class Variant:
     passes: float
     note: str = ""  # what this variant leaves out, said in the plan
     shared: float = 0.0  # passes of the one attribution pass (probes.attribution) within ``passes``: paid once a run
+    extra_s: float = 0.0  # seconds of work outside the model's passes (the similarity's pairwise divergences)
 
     def cost(self, paid: bool) -> float:
         """Passes this variant adds to a plan that has (``paid``) or has not run the attribution pass yet."""
         return self.passes - self.shared if paid else self.passes
+
+    def seconds(self, paid: bool, seconds_per_pass: float) -> float:
+        return self.cost(paid) * seconds_per_pass + self.extra_s
 
 
 @dataclass
@@ -130,7 +138,10 @@ def variants(method: str, shape: Shape) -> list[Variant]:
         return [Variant("full", 1 + shape.masked(curves) + per_layer),
                 Variant("headline only", 1 + shape.masked(curves),
                         "redundancy: headline only (no per-layer heads_needed / one_head rows)")]
-    if method in ("similarity", "head_roles", "attention_entropy"):
+    if method == "similarity":
+        pairs = N * (N + 1) / 2 * shape.sequences * shape.pos ** 2
+        return [Variant("one pattern pass", PATTERN, extra_s=pairs / JSD_ELEMENTS_PER_S)]
+    if method in ("head_roles", "attention_entropy"):
         return [Variant("one pattern pass", PATTERN)]
     if method == "patterns":
         return [Variant("one sequence", PATTERN / shape.sequences)]
@@ -176,26 +187,26 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
             chosen[method] = Variant(f"{finished[method]}, kept", 0.0)
             continue
         options = variants(method, shape)
-        fit = next((v for v in options if v.cost(paid) * seconds_per_pass <= left), None)
+        fit = next((v for v in options if v.seconds(paid, seconds_per_pass) <= left), None)
         if fit is None:
             if not chosen:
-                cheapest = options[-1].passes * seconds_per_pass
+                cheapest = options[-1].seconds(paid, seconds_per_pass)
                 raise AttnlabError(f"--budget {budget_s / 60:.3g} min is too small: the cheapest plan ({method}, "
                                    f"{options[-1].name}) needs ~{fmt_seconds(cheapest)}; expected a budget of at "
                                    f"least {math.ceil(cheapest / 60 * 10) / 10:g} min")
             notes.append(f"{method}: dropped, its cheapest variant needs ~"
-                         f"{fmt_seconds(options[-1].passes * seconds_per_pass)} and {fmt_seconds(left)} is left")
+                         f"{fmt_seconds(options[-1].seconds(paid, seconds_per_pass))} and {fmt_seconds(left)} is left")
             continue
         if fit is not options[0]:
-            full = fmt_seconds(options[0].passes * seconds_per_pass)
+            full = fmt_seconds(options[0].seconds(paid, seconds_per_pass))
             notes.append(f"{fit.note} ({options[0].name} would need ~{full})")
         chosen[method] = fit
-        left -= fit.cost(paid) * seconds_per_pass
+        left -= fit.seconds(paid, seconds_per_pass)
         paid = paid or fit.shared > 0
     # in run order, the shared pass is charged to the first method that runs it
     steps, paid = [], False
     for m in (m for m in METHODS if m in chosen):
         v = chosen[m]
-        steps.append(Step(m, v, v.cost(paid) * seconds_per_pass, v.cost(paid)))
+        steps.append(Step(m, v, v.seconds(paid, seconds_per_pass), v.cost(paid)))
         paid = paid or v.shared > 0
     return Plan(steps, notes, seconds_per_pass, budget_s)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Optional, TextIO
 
-from reports.probe_run.plan import BACKWARD, Step, fmt_seconds
+from reports.probe_run.plan import Step, fmt_seconds
 
 EVERY_S = 5.0
 
@@ -36,8 +36,9 @@ class Progress:
     @contextmanager
     def step(self, index: int, total: int, step: Step, model: Any) -> Iterator[None]:
         """Around one method: its start line, its percentages while its passes run, and its finish line."""
-        # forward passes only: the plan's passes count a backward as BACKWARD forwards
-        self._planned = max(step.passes / (1 + BACKWARD) if "bwd" in step.variant.name else step.passes, 1e-9)
+        # forward passes only: a forward + backward step runs one forward over the data (its backward is
+        # in the plan's passes, not in what the forward pre-hook counts)
+        self._planned = max(min(step.passes, 1.0) if "bwd" in step.variant.name else step.passes, 1e-9)
         self._name, self.done = step.method, 0.0
         self._start = self._last = self.clock()
         self.say(f"[{index}/{total}] {step.method} ({step.variant.name}): ~{step.passes:.1f} passes, "

@@ -102,7 +102,7 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
                                                      loss_mask=None if loss_mask is None else loss_mask[:grad_rows]))
         grad_passes = (time.perf_counter() - start) * math.ceil(data.n / grad_rows) / min(seconds)
     shape = Shape(info.n_layers, info.n_heads, data.n, seeds, info.prefix_reuse,
-                  max(1, rows // min(data.n, rows)), exact_top, grad_passes=grad_passes)
+                  max(1, rows // min(data.n, rows)), exact_top, grad_passes=grad_passes, pos=data.pos)
     return min(seconds), shape
 
 
