@@ -167,8 +167,11 @@ _TWINS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], Optional[Any]]] = 
 
 
 def _fingerprint(model: Any) -> tuple[int, ...]:
-    """Changes when a parameter is replaced or written in place, so a stale twin is never reused."""
-    return tuple(v for p in model.parameters() for v in (p.data_ptr(), p._version))
+    """Changes when a parameter or buffer is replaced or written in place, so a stale twin is not reused.
+
+    A plain attribute changed after a check (``module.scaling = ...``) is not seen: build the model anew.
+    """
+    return tuple(v for p in [*model.parameters(), *model.buffers()] for v in (p.data_ptr(), p._version))
 
 
 def golden_twin(model: Any) -> Optional[Any]:
