@@ -19,7 +19,7 @@ from harness.adapters import HFAdapter
 from harness.errors import AttnlabError
 from reports.census import classify as classify_mod
 from reports.census import command, render, run, shrink
-from reports.census.classify import CATEGORIES, ENC_DEC, Result, classify
+from reports.census.classify import CATEGORIES, Result, classify
 from reports.census.enumerate import MAPPINGS, by_name, model_types
 from reports.census.findings import FINDINGS
 from tests.helpers.census_witness import WITNESSES
@@ -67,9 +67,10 @@ def test_one_result_per_category(model_type, category):
         assert set(result.failures) == {"causal_pattern", "padding_pattern"}
 
 
-def test_an_encoder_decoder_gets_its_reason():
+def test_an_encoder_decoder_is_checked_through_its_cross_attention_route():
     result = classify(by_name()["t5"])
-    assert (result.category, result.reason) == ("unsupported", ENC_DEC)
+    assert result.category == "clean" and result.rows["cross_attention_pattern"] == "pass", result
+    assert "cross_attn.hook_pattern" in result.hooks and "encoder.hook_embed" in result.hooks, result.hooks
 
 
 def test_a_config_that_cannot_be_built_is_a_row_not_a_crash(monkeypatch):

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import properties as props
-from harness.adapters import HFAdapter
+from harness.adapters import adapt
 from harness.adapters import hf_routes as routes
 from harness.adapters.protocol import observed_hooks
 from reports.census import findings
@@ -36,7 +36,7 @@ from reports.census.shrink import build
 CATEGORIES = ("clean", "finding", "untriaged", "unobservable", "no attention", "hybrid", "multimodal wrapper",
               "transformers fails", "unsupported")
 MAX_EXAMPLES = 3  # per property: the census is wide, not deep (the zoo runs 10)
-ENC_DEC = "encoder-decoder: HFAdapter has no cross-attention route yet (it refuses is_encoder_decoder models)"
+ENC_DEC = "encoder-decoder (HFSeq2SeqAdapter)"
 PLAIN = torch.tensor([[3, 5, 7]])  # a plain text input: real tokens, no padding
 
 
@@ -145,10 +145,8 @@ def _classify(mt: ModelType, r: Result) -> None:
     except Exception as exc:
         r.category, r.reason = "transformers fails", f"{mt.class_name} on a plain input ({PLAIN.tolist()}): {_exc(exc)}"
         return
-    if getattr(model.config, "is_encoder_decoder", False):
-        r.category, r.reason = "unsupported", ENC_DEC
-        return
-    attn, others = mixers(model)
+    seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))  # HFSeq2SeqAdapter (harness.adapters.adapt)
+    attn, others = ([0], []) if seq2seq else mixers(model)
     if not attn:
         r.category = "no attention"
         r.reason = "no attention module in its blocks: " + (", ".join(others) or "no block stack found")
@@ -156,11 +154,11 @@ def _classify(mt: ModelType, r: Result) -> None:
     r.stage = "adapter"
     hybrid = f"attention layers {attn} checked; {', '.join(others)} in the others" if others else None
     try:
-        adapter = HFAdapter(model)
+        adapter = adapt(model)  # HFAdapter, or HFSeq2SeqAdapter for an encoder-decoder
         r.route = adapter.route
         r.hooks = _hook_kinds(observed_hooks(adapter))
     except Exception as exc:
-        r.category, r.reason = "unsupported", f"HFAdapter: {_exc(exc)}"
+        r.category, r.reason = "unsupported", f"{ENC_DEC if seq2seq else 'HFAdapter'}: {_exc(exc)}"
         return
     r.stage = "check"
     try:
