@@ -39,7 +39,11 @@ from probes._validate import ModelInfo, ProbeData, z_hook
 # memory traffic of the repeated batch no longer dominates (tests/bench/test_bench_probes.py).
 TOKENS_PER_PASS = 2 ** 15
 CPU_TOKENS_PER_PASS = 2 ** 13
-LOGIT_ELEMENTS = 2 ** 26  # float32 logits per pass (256 MiB); token_nll reads them a slice at a time
+# float32 logits per pass (256 MiB); token_nll reads them a slice at a time. The unembedding's output and its
+# temporaries hold 2-3x that: leave-one-out peaked 810 MB above the model at a 49k vocabulary
+# (tests/bench/test_bench_probes.py, VmHWM). Half of it (5 rows of SmolLM2-135M) timed a pass at 44 s against
+# 21 s at this size (one run each, load ~5 on 2 cores): not conclusive, so the measured setting stays.
+LOGIT_ELEMENTS = 2 ** 26
 NLL_ELEMENTS = 2 ** 23  # logits per slice of token_nll's float32 cross-entropy (32 MiB of temporaries)
 GRAD_FLOATS_PER_TOKEN = 20
 # Saved activations per backward pass: 512 MiB. On SmolLM2-135M (2 GB goal) peak RSS was 1.67 GB at one
