@@ -26,8 +26,8 @@ INTERLEAVED_STYLES = ("interleaved", "gptj", "pairs")  # pairs (2i, 2i + 1), the
 ALIBI_STYLES = ("relative", "absolute_key")
 
 __all__ = ["windows", "window", "attn_scale", "softcap", "allowed_keys", "rotary_design", "rotary_layout",
-           "pair_norms", "alibi_design", "design_summary", "is_transformer_lens_cfg", "unit_roundoff",
-           "model_dtype"]
+           "pair_norms", "alibi_design", "attention_sinks", "design_summary", "is_transformer_lens_cfg",
+           "unit_roundoff", "model_dtype"]
 
 
 def windows(cfg: Any) -> tuple[Optional[int], ...]:
@@ -88,6 +88,20 @@ def model_dtype(model: ProtocolModel) -> torch.dtype:
         if p.dtype.is_floating_point:
             return p.dtype
     return torch.float32
+
+
+def attention_sinks(cfg: Any) -> tuple[bool, ...]:
+    """Per layer, whether its softmax has a learned sink logit (cfg.attention_sinks; default none)."""
+    declared = getattr(cfg, "attention_sinks", None)
+    if declared is None:
+        return (False,) * cfg.n_layers
+    if isinstance(declared, bool):
+        declared = (declared,) * cfg.n_layers
+    declared = tuple(declared)
+    if len(declared) != cfg.n_layers or any(not isinstance(s, bool) for s in declared):
+        raise AttnlabTypeError(f"cfg.attention_sinks={cfg.attention_sinks!r} is invalid: expected None, a bool or "
+                               f"one bool per layer ({cfg.n_layers} layers)")
+    return declared
 
 
 def window(cfg: Any, layer: int) -> Optional[int]:
@@ -157,7 +171,7 @@ def design_summary(cfg: Any) -> str:
     """The declared departures from the textbook, for a row's reason ("" when there are none)."""
     parts = []
     for name in ("attn_scale", "attn_scales", "attn_softcap", "sliding_window", "rotary_dim", "rotary_style",
-                 "qk_norm", "alibi_style"):
+                 "qk_norm", "alibi_style", "attention_sinks"):
         value = getattr(cfg, name, None)
         if value is not None and value is not False:
             parts.append(f"{name}={value!r}")

@@ -64,6 +64,11 @@ class DesignFacts:
     # A learned bias b_h(i - j) added to the scores, a function of the head and the query-key offset only
     # (T5's bucketed relative position bias, Raffel et al. 2020 §2.1). Textbook: none.
     relative_attention_bias: bool = False
+    # Per layer: True where the softmax's denominator holds one more learned logit per head that attends to
+    # nothing (an attention sink: GPT-OSS, MiMo-V2-Flash, Granite-SWA, DeepSeek-V4 keep it as ``module.sinks``;
+    # transformers' gpt_oss eager_attention_forward appends it as a key column, softmaxes, drops it). A row of
+    # such a pattern sums to 1 - exp(sink) / (exp(sink) + sum_j exp(s_j)) < 1. Textbook: no sink (None).
+    attention_sinks: Optional[tuple[bool, ...]] = None
 
 
 @dataclass(frozen=True, kw_only=True)

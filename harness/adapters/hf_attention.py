@@ -5,7 +5,8 @@ after rotary and q/k-norm, the value (K/V possibly grouped, Ainslie et al. 2023)
 model built for its kernel, ``scaling``, ``softcap``, ``sliding_window``. It fires the layer's
 hook points and calls the model's own configured kernel (``sdpa``, ``eager`` ...) for the output.
 The explicit scores ``q.k * scaling`` (soft-capped, masked; Vaswani et al. 2017 eq. 1) and the
-pattern are computed only when a hook is attached to ``hook_attn_scores`` or ``hook_pattern``;
+pattern (with the per-head attention sinks ``s_aux`` the model passes, :func:`explicit_pattern`) are
+computed only when a hook is attached to ``hook_attn_scores`` or ``hook_pattern``;
 the kernel's output is replaced by ``pattern @ v`` only when such a hook *edits* them (or edits
 grouped K/V, which the kernel cannot take repeated).
 
@@ -106,6 +107,21 @@ def explicit_scores(query: Tensor, key: Tensor, mask: Optional[Tensor], scaling:
     return scores + mask
 
 
+def explicit_pattern(scores: Tensor, sinks: Optional[Tensor]) -> Tensor:
+    """The float32 softmax of ``scores`` (as HF's eager kernels take it), with the model's attention sinks if any.
+
+    ``sinks`` (``[n_heads]``, the ``s_aux`` a model passes its kernel: GPT-OSS, MiMo-V2-Flash, DeepSeek-V4 ...)
+    is one extra logit per head in the softmax's denominator that attends to nothing: gpt_oss's
+    eager_attention_forward concatenates it as a last key column, takes the softmax and drops that
+    column, so a row sums to 1 - exp(sink) / (exp(sink) + sum_j exp(s_j)). Granite-SWA's
+    ``sigmoid(logsumexp(s) - sink)`` rescaling of the plain softmax is the same number.
+    """
+    if sinks is None:
+        return torch.softmax(scores.float(), dim=-1)
+    column = sinks.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores.float(), column], dim=-1), dim=-1)[..., :-1]
+
+
 def observed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                        attention_mask: Optional[Tensor], **kwargs: Any) -> tuple[Tensor, Optional[Tensor]]:
     """The registered ``attnlab_<kernel>`` attention function (see the module docstring)."""
@@ -141,8 +157,7 @@ def observed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         scores = explicit_scores(query, key_rep, attention_mask, scaling, kwargs.get("softcap"), bool(is_causal),
                                  kwargs.get("position_bias"))
         seen = tap.points["hook_attn_scores"](scores) if tap.active("hook_attn_scores") else scores
-        # softmax in float32 as HF's eager kernels do, then back to the value dtype
-        pattern = torch.softmax(seen.float(), dim=-1).to(value.dtype)
+        pattern = explicit_pattern(seen, kwargs.get("s_aux")).to(value.dtype)
         weights = tap.points["hook_pattern"](pattern) if tap.active("hook_pattern") else pattern
         replaced |= seen is not scores or weights is not pattern
     if replaced:

@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any, Optional, cast
 
+import torch
 from torch import nn
 
 from harness.adapters import hf_routes as routes
@@ -80,11 +81,17 @@ def positional_type(config: Any, hf_model: nn.Module, attn: Optional[nn.Module])
     if _sinusoidal_rotary(attn):
         return "rotary"
     for sub in hf_model.modules():
-        if "Sinusoidal" in type(sub).__name__:
+        if "Sinusoidal" in type(sub).__name__ or _sinusoid_buffer(sub):
             return "sinusoidal"
     if position_embedding_module(hf_model) is not None:
         return "standard"
     return "none"
+
+
+def _sinusoid_buffer(sub: nn.Module) -> bool:
+    """CTRL keeps its table as a buffer, ``pos_encoding`` (modeling_ctrl.py ``positional_encoding``: the sines and
+    cosines of Vaswani et al. 2017 §3.5), indexed by position_ids and added to the embeddings: fixed, not learned."""
+    return any(name == "pos_encoding" for name, _ in sub.named_buffers(recurse=False))
 
 
 def _calls(module: Any, name: str) -> bool:
@@ -164,6 +171,15 @@ def _scale(arch: str, attn: Optional[nn.Module], d_head: int) -> float:
 
 
 def _sliding(config: Any, attn: Optional[nn.Module], layer: int) -> Optional[int]:
+    # Where the config keys layers by "sliding_attention" / "full_attention", the model picks each layer's
+    # mask by that type, and masking_utils builds the sliding one from config.sliding_window: that is the
+    # window the eager and sdpa masks apply. The module's own sliding_window is the flash-attention kwarg,
+    # which need not be the same number: Exaone 4 and Kolibri keep it on full layers too (is_sliding says
+    # which), UltraBERT and ModernBERT add 1 "because flash attention sets inclusive boundaries".
+    types, window = getattr(config, "layer_types", None), getattr(config, "sliding_window", None)
+    if isinstance(types, (list, tuple)) and layer < len(types) and isinstance(window, int) \
+            and not isinstance(window, bool) and types[layer] in ("sliding_attention", "full_attention"):
+        return window if types[layer] == "sliding_attention" else None
     if attn is not None and hasattr(attn, "sliding_window"):
         value = attn.sliding_window
         return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -188,6 +204,12 @@ def _rotary_dim(config: Any, attn: Optional[nn.Module], d_head: int) -> int:
     if factor is None:
         factor = getattr(config, "rotary_pct", 1.0)
     return int(d_head * float(cast(float, factor)))
+
+
+def _sinks(attn_modules: list[Optional[nn.Module]]) -> Optional[tuple[bool, ...]]:
+    """Per layer, whether its module keeps learned attention sinks (``module.sinks``, GPT-OSS); None if none does."""
+    found = tuple(isinstance(getattr(a, "sinks", None), torch.Tensor) for a in attn_modules)
+    return found if any(found) else None
 
 
 def _bos(config: Any) -> Optional[int]:
@@ -280,7 +302,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         rope_type=rope_type, pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0, qk_norm=qk_norm,
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
-        bos_token_id=_bos(config),
+        bos_token_id=_bos(config), attention_sinks=_sinks(attn_modules),
     )
 
 
