@@ -29,8 +29,8 @@ from harness.adapters import hf_attention as attention
 from harness.adapters import hf_routes as routes
 from harness.adapters.design_facts import AdapterConfig
 from harness.adapters.hf_design import head_dim, position_embedding_module, read_design
-from harness.adapters.protocol import smoke_forward
-from harness.errors import AttnlabError, AttnlabTypeError
+from harness.adapters.protocol import UnsupportedInput, smoke_forward
+from harness.errors import AttnlabTypeError
 from harness.model.hooks import active
 from harness.model.inputs import check_inputs, check_mask, check_table_positions, check_tokens
 from harness.model.positions import mask_positions
@@ -305,8 +305,9 @@ class HFAdapter(HookedRootModule):
             # only rotary tables take this path, and rotary scores see only differences of positions)
             self._table_ids = position_offset + torch.arange(tokens.shape[1], device=tokens.device)
         elif position_offset and cfg.positional_embedding_type not in ("alibi", "none"):
-            raise AttnlabError(f"position_offset={position_offset} cannot be given to {cfg.arch}: its forward takes "
-                               f"no position_ids; expected position_offset=0")
+            # a valid protocol input this adapter cannot pass on: the check that needs it is unobservable, not failed
+            raise UnsupportedInput(f"position_offset={position_offset} cannot be given to {cfg.arch}: its forward "
+                                   f"takes no position_ids; expected position_offset=0")
         # alibi models without position_ids (Bloom, MPT) number keys from the mask; an offset would shift every
         # key of a query by the same slope * offset, which softmax cannot see, so it is dropped exactly.
         if "use_cache" in self._params:

@@ -76,7 +76,11 @@ def attention_module(layer: nn.Module) -> Optional[nn.Module]:
         return None
     # innermost: an attention module none of whose descendants is an attention module
     leaves = [m for m in found if not any(_is_attention(c) for c in m.modules() if c is not m)]
-    return leaves[0]
+    # attention over the sequence projects its queries and keys from the tokens (submodules with weights);
+    # Inkling 2's BlockAttentionResidual, ahead of self_attn in its block, attends over the stack of earlier
+    # layers' outputs of one token with a learned query parameter and no projection: not the block's attention
+    projecting = [m for m in leaves if any(True for c in m.modules() if c is not m for _ in c.parameters())]
+    return (projecting or leaves)[0]
 
 
 def out_projection(layer: nn.Module) -> Optional[nn.Module]:

@@ -26,6 +26,9 @@ _POSITIONS = ("its causal-LM forward takes no position_ids and numbers learned p
               "nothing); left-padded batches give other logits than the unpadded prompt.")
 _LEAK = ("a masked pad's token id reaches the real tokens (MobileBERT's trigram input convolution, ConvBERT's span "
          "convolution, YOSO's hashed attention): the pad is not fully masked.")
+_MOSHI = ("MoshiConfig declares sliding_window (3000 by default, 'Sliding window attention window size'), but "
+          "MoshiModel masks with create_causal_mask and MoshiAttention passes no sliding_window to its attention "
+          "function: no window is applied, every query sees every earlier key.")
 LEFT_PAD_MOVES = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus",
                   "plbart", "prophetnet", "trocr", "whisper")
 PAD_LEAKS = ("convbert", "mobilebert", "yoso")
@@ -34,6 +37,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("falcon", "padding_pattern", _FALCON, "falcon_census"),
     *(Finding(t, "padding_outputs", _POSITIONS, "left_padding_moves_positions") for t in LEFT_PAD_MOVES),
     *(Finding(t, "padding_outputs", _LEAK, "padding_leaks_into_real_tokens") for t in PAD_LEAKS),
+    Finding("moshi", "sliding_window", _MOSHI, "window_ignored"),
 )
 
 

@@ -64,5 +64,26 @@ def padding_leaks_into_real_tokens(model_type: str) -> str:
     return f"{type(model).__name__}: the masked pad's id moves the real tokens' logits by {leak:.3g}"
 
 
+def window_ignored(model_type: str) -> str:
+    """The config declares ``sliding_window`` but the model masks with plain ``create_causal_mask`` (no window
+    overlay, no ``sliding_window`` passed to the attention function): every query sees every earlier key.
+
+    Witness: the raw model under eager attention, ``output_attentions=True``, on w + 2 tokens: the last query's
+    weight on key 0, at distance w + 1, is positive, though a window of w admits no key that far back
+    (under transformers' convention ``i - w < j``, nor under the looser ``i - j <= w``).
+    """
+    model = _tiny(model_type)
+    model.set_attn_implementation("eager")
+    w = int(model.config.sliding_window)
+    tokens = torch.arange(w + 2)[None] % model.config.vocab_size
+    with torch.no_grad():
+        out = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), output_attentions=True)
+    seen = min(float(a[0, :, w + 1, 0].min()) for a in out.attentions)
+    assert seen > 1e-3, seen
+    return (f"{type(model).__name__}: config.sliding_window={w}, yet query {w + 1} puts weight >= {seen:.3g} "
+            f"on key 0 (distance {w + 1}) in every layer and head")
+
+
 # witness name -> function of the model type (reports/census/findings.py names them)
-WITNESSES = {f.__name__: f for f in (falcon_census, left_padding_moves_positions, padding_leaks_into_real_tokens)}
+WITNESSES = {f.__name__: f for f in (falcon_census, left_padding_moves_positions, padding_leaks_into_real_tokens,
+                                     window_ignored)}
