@@ -28,8 +28,9 @@ twin is itself, so a float64 reorder is all there is), or an example whose own-d
 happen to equal the twin's. It is derived from float64's epsilon, not typed per dtype; a
 float32/bfloat16/float16 model's own rounding is in its measured floor.
 
-A model no float64 twin can be made of (a plain function behind FunctionModel) is judged by the
-property's declared float32 tolerance, and its row says so (noise_floor NaN); so is a float32 model
+A model no float64 twin can be made of (a plain function behind FunctionModel; a model accelerate
+dispatched over devices, which is never copied: harness/adapters/dispatch.py, its rows' reason says so)
+is judged by the property's declared float32 tolerance, and its row says so (noise_floor NaN); so is a float32 model
 whose float64 copy cannot run (transformers' XGLM overflows building float64's minimum in float32),
 while a bfloat16/float16 one then takes a float32 twin (rounding 2^-24 against 2^-8: still golden). On an example where
 the twin goes non-finite and the model does not (the zoo's tiny Gemma-2 in float64 turns an
@@ -38,7 +39,8 @@ model's on a plain unpadded input, same hooks: its rounding noise at this dtype,
 
 Hidden bugs. In bfloat16 or float16 a small bug can deviate less than the rounding does. A
 calibrated row that passes on such a model is run again on its golden twin (the same code at
-float64), judged by the property's declared float32 tolerance (modeling code computes parts in
+float64) on the inputs its search drew, worst ratio first (a replay, not a new search: no new
+draws, no shrinking), judged by the property's declared float32 tolerance (modeling code computes parts in
 float32 whatever the weights' dtype: rotary phases, softmax upcasts): if the twin fails it, the row stays a pass at the
 model's dtype, since its verdict is about the numbers this model computes, and its reason
 starts with :data:`HIDDEN`, naming the twin's worst deviation and counterexample. So the bug is
@@ -52,6 +54,7 @@ with reason :data:`NOT_COMPARABLE`, and ``finite_outputs`` (exact) names where t
 
 from __future__ import annotations
 
+import gc
 import math
 import weakref
 from collections.abc import Iterator
@@ -64,6 +67,7 @@ import torch
 from torch import Tensor
 
 from harness.adapters import protocol
+from harness.adapters.dispatch import is_dispatched
 from harness.adapters.placement import placed
 from harness.errors import AttnlabError
 from properties.design import model_dtype, unit_roundoff
@@ -166,7 +170,7 @@ _ACTIVE: ContextVar[Optional[Noise]] = ContextVar("attnlab_precision_noise", def
 _TWINS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], Optional[Any]]] = weakref.WeakKeyDictionary()
 
 
-def _fingerprint(model: Any) -> tuple[int, ...]:
+def fingerprint(model: Any) -> tuple[int, ...]:
     """Changes when a parameter or buffer is replaced or written in place, so a stale twin is not reused.
 
     A plain attribute changed after a check (``module.scaling = ...``) is not seen: build the model anew.
@@ -182,19 +186,20 @@ def golden_twin(model: Any) -> Optional[Any]:
 
     A copy that still computes in a lower dtype (a function ignoring its parameters' dtype) is no twin.
     """
-    if model_dtype(model) == torch.float64:
+    if model_dtype(model) == torch.float64 or is_dispatched(model):  # a dispatched model is never copied (NO_TWIN)
         return None
-    key = _fingerprint(model)
+    key = fingerprint(model)
     cached = _TWINS.get(model)
     if cached is not None and cached[0] == key:
         return cached[1]
-    made = _twin_at(model, torch.float64)
-    if made is None:  # the float64 copy cannot even be built and adapted (its smoke pass raised): as below
-        return fallback_twin(model)
     if not _deterministic(model, torch.float64):
         # a model that differs from itself (dropout left on in eval, torchtune #1791) would put its own
         # randomness into the floor and hide behind it: no twin, the check's declared tolerance
-        made = None
+        _TWINS[model] = (key, None)
+        return None
+    made = _twin_at(model, torch.float64)  # made after the probe's copies are gone: one float64 copy at a time
+    if made is None:  # the float64 copy cannot even be built and adapted (its smoke pass raised): as below
+        return fallback_twin(model)
     _TWINS[model] = (key, made)
     return made
 
@@ -203,17 +208,23 @@ def _deterministic(model: Any, dtype: torch.dtype) -> bool:
     """Whether two fresh copies of ``model`` at ``dtype`` agree to the bit on one plain input.
 
     Throwaway copies, so neither the model nor its twin runs an extra pass (a model with state, such
-    as a call counter, stays in step with its twin).
+    as a call counter, stays in step with its twin). One at a time, each dropped before the next is
+    made (issue 19 item 4: a float64 copy is twice a float32 model's weights).
     """
-    first, second = _twin_at(model, dtype), _twin_at(model, dtype)
-    if first is None or second is None:
-        return True
     x = torch.arange(min(model.cfg.n_ctx, 4))[None] % model.cfg.d_vocab
-    try:
-        a, b = protocol.forward_capture(first, x)[0], protocol.forward_capture(second, x)[0]
-    except protocol.ModelError:
-        return True  # the float64 copy cannot run at all: forward_capture's fallback handles it
-    return torch.equal(a, b)
+    outputs = []
+    for _ in range(2):
+        copy = _twin_at(model, dtype)
+        if copy is None:
+            return True
+        try:
+            outputs.append(protocol.forward_capture(copy, x)[0])
+        except protocol.ModelError:
+            return True  # the float64 copy cannot run at all: forward_capture's fallback handles it
+        finally:
+            del copy
+            gc.collect()  # an HF adapter and its model point at each other: only the cycle collector frees them
+    return torch.equal(outputs[0], outputs[1])
 
 
 def fallback_twin(model: Any) -> Optional[Any]:
@@ -222,7 +233,7 @@ def fallback_twin(model: Any) -> Optional[Any]:
     against bf16's 2^-8: still golden), else None (the check's declared tolerance)."""
     made = _twin_at(model, torch.float32) if unit_roundoff(model_dtype(model)) > unit_roundoff(torch.float32) \
         else None
-    _TWINS[model] = (_fingerprint(model), made)
+    _TWINS[model] = (fingerprint(model), made)
     return made
 
 

@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 
 from hypothesis.strategies import SearchStrategy
 
+from harness.adapters.dispatch import NO_TWIN, is_dispatched
 from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES, check_protocol, observed_hooks
 from harness.errors import AttnlabError
 from properties.design import model_dtype
@@ -264,9 +265,10 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
             return run(model, seed, max_examples, observed, shadow=False)
 
         def run(model: Any, seed: int, max_examples: Optional[int], observed: Optional[set[str]], *,
-                shadow: bool) -> PropertyResult:
+                shadow: bool, replay: Optional[list[Any]] = None) -> PropertyResult:
             check_search_args(seed, max_examples)
-            check_protocol(model, hooks=False)
+            # the smoke pass once: a caller that hands ``observed`` (check_model, a shadow run) already ran it
+            check_protocol(model, hooks=False, forward=observed is None)
             tol = tolerance(model) if callable(tolerance) else tolerance
             reason = applies.not_applicable(model)
             if reason is not None:
@@ -285,12 +287,17 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
             # floor, except on a shadow run (the golden twin judged by the declared float32 tolerance)
             watch = None if judges_nonfinite else noise_for(model, measured=calibrated and not shadow,
                                                              local=local_floor)
+            drawn: list[tuple[float, Any]] = []
             result = search(name, tol, plan.strategy, plan.measure, plan.describe, seed=seed,
-                            max_examples=max_examples, info=plan.info, noise=watch)
+                            max_examples=max_examples, info=plan.info, noise=watch, drawn=drawn, replay=replay)
             if not shadow and watch is not None and watch.measured and watch.golden is not None \
-                    and result.status == "pass" and coarse(model):
-                twin = run(watch.golden, seed, max_examples, case.given_observed, shadow=True)
+                    and result.status == "pass" and coarse(model) and drawn:
+                # the twin replays what this search drew, worst ratio first: no new search, no shrinking
+                twin = run(watch.golden, seed, max_examples, case.given_observed, shadow=True,
+                           replay=_worst_first(drawn, plan.describe))
                 result = _shadowed(result, twin, model_dtype(model))
+            if calibrated and not shadow and is_dispatched(model):
+                result = dataclasses.replace(result, reason="; ".join(r for r in (NO_TWIN, result.reason) if r))
             return result
 
         # the body's name, module and docstring; the signature stays the public check's (no __wrapped__)
@@ -304,6 +311,16 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
         return check
 
     return decorate
+
+
+def _worst_first(drawn: list[tuple[float, Any]], describe: Callable[[Any], str]) -> list[Any]:
+    """The inputs a search measured, each once, by their ratio to the allowance, largest first."""
+    seen: dict[str, tuple[float, Any]] = {}
+    for ratio, example in drawn:
+        key = describe(example)
+        if key not in seen or ratio > seen[key][0]:
+            seen[key] = (ratio, example)
+    return [example for _, example in sorted(seen.values(), key=lambda pair: -pair[0])]
 
 
 def _shadowed(result: PropertyResult, golden: PropertyResult, dtype: Any) -> PropertyResult:

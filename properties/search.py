@@ -11,11 +11,12 @@ defaults to the loaded hypothesis profile's (``ci`` 25, ``dev`` 50, ``thorough``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, cast
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
+from hypothesis import example as hypothesis_example
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 from hypothesis.strategies import SearchStrategy
@@ -115,7 +116,9 @@ def offset_text(example: Any) -> str:
 
 def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measure,
            describe: Callable[[Any], str], *, seed: int, max_examples: Optional[int],
-           info: Callable[[], str] = lambda: "", noise: Optional[Noise] = None) -> PropertyResult:
+           info: Callable[[], str] = lambda: "", noise: Optional[Noise] = None,
+           drawn: Optional[list[tuple[float, Any]]] = None, replay: Optional[Sequence[Any]] = None
+           ) -> PropertyResult:
     """Search ``strategy`` for an input whose ``measure(x)[0]`` exceeds its allowance.
 
     ``measure`` returns (deviation, where): the deviation (NaN counts as a failure) and a short
@@ -126,6 +129,11 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
     row unobservable ("not comparable"). A model that raises (:class:`ModelError`) fails the
     property; a hook that does not fire (:class:`HookNotObserved`) or an error in the check's own
     code makes it unobservable: the harness could not look, which says nothing about the model.
+
+    ``drawn``, when given, receives ``(ratio, example)`` for every input measured. ``replay`` runs
+    exactly those inputs, in order, and draws none (a failure is reported as drawn, not shrunk): the
+    shadow run of a hidden-bug check replays on the golden twin what the model's own search drew,
+    worst first, instead of searching anew (properties/registry.py).
     """
     check_search_args(seed, max_examples)
     calibrated = noise is not None and noise.calibrated
@@ -158,6 +166,8 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
         ratio = deviation / allowance if allowance > 0 else (0.0 if deviation == 0 else math.inf)
         if ratio >= worst[0][0]:
             worst[0] = (ratio, deviation, floor, allowance)
+        if drawn is not None:
+            drawn.append((ratio, example))
         target(min(ratio, 1e300), label=name)  # hill-climb towards larger deviations, in allowances
         if deviation > allowance:
             raise Violation(deviation, f"{describe(example)}: {where}")
@@ -172,13 +182,17 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
         database=None,  # a property run must not read or write a project's example database
         deadline=None,
         derandomize=False,  # the seed decides
-        phases=(Phase.explicit, Phase.generate, Phase.target, Phase.shrink),
+        phases=(Phase.explicit,) if replay is not None else (Phase.explicit, Phase.generate, Phase.target,
+                                                              Phase.shrink),
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
         print_blob=False,
     )
-    test = configured(hypothesis_seed(seed)(given(strategy)(prop)))
+    test = given(strategy)(prop)
+    for example in reversed(list(replay or ())):  # @example stacks: the last applied runs first
+        test = hypothesis_example(example)(test)
+    test = configured(hypothesis_seed(seed)(test))
     try:
         with calibrating(noise):
             test()

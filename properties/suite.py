@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any, Optional, cast
 
 import pandas as pd
+from torch import nn
 from transformer_lens import HookedRootModule
 
 from harness.adapters.entry import adapt, describe
@@ -14,6 +16,8 @@ from harness.adapters.placement import placed, placement_of
 from harness.adapters.protocol import AnyModel, ProtocolModel, check_protocol, observed_hooks
 from harness.errors import AttnlabError
 from properties import checks as checks  # imported for its effect: every property registers itself
+from properties.cost import COST_COLUMNS, counting
+from properties.precision import fingerprint
 from properties.registry import SUITE, Check
 from properties.search import check_search_args
 
@@ -24,7 +28,17 @@ PROPERTIES: Mapping[str, Check] = SUITE
 # the precision columns (properties/precision.py); a properties.csv written before them reads them as NaN
 PRECISION_COLUMNS = ["noise_floor", "allowance", "ratio"]
 COLUMNS = ["property", "applicable", "passed", "worst", "tolerance", *PRECISION_COLUMNS, "counterexample", "status",
-           "reason"]
+           "reason", *COST_COLUMNS]
+# columns a properties.csv written before them lacks: its readers fill them with NaN (reports/rundata.py)
+ADDED_COLUMNS = [*PRECISION_COLUMNS, *COST_COLUMNS]
+# the hook points that fire on a model, while its weights are unchanged (precision.fingerprint): a caller that checks
+# one property per call (reports/pipeline.py, for its progress bar) must not pay a smoke pass per property
+_OBSERVED: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], set[str]]] = weakref.WeakKeyDictionary()
+
+
+def _state(model: Any) -> tuple[Any, ...]:
+    """What the observed hooks depend on: the weights (and buffers) and the hook points."""
+    return (*fingerprint(model), *getattr(model, "hook_dict", {}))
 
 
 def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] = None,
@@ -33,7 +47,8 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     """Run the property checks on a model that follows the protocol; one row per property.
 
     Columns: :data:`COLUMNS` (``property, applicable, passed, worst, tolerance, noise_floor, allowance,
-    ratio, counterexample, status, reason``; the precision columns: properties/precision.py).
+    ratio, counterexample, status, reason, model_passes, twin_passes, seconds``; the precision columns:
+    properties/precision.py; the cost columns, what the row took: properties/cost.py).
     ``status`` is pass / fail / n/a / unobservable (a hook the property needs does not exist or
     never fires on this model: ``reason`` names it; never a failure). ``worst`` is the largest
     deviation seen, ``counterexample`` the shrunk input that broke the property ("" when it
@@ -65,16 +80,27 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     else:
         model = adapt(model)  # a PreTrainedModel or TransformerBridge goes behind its adapter
     model = placed(model, dtype=dtype, device=device, attn_implementation=attn_implementation)
-    check_protocol(model, hooks=False)
+    known = _OBSERVED.get(model) if isinstance(model, nn.Module) else None
+    fresh = known is None or known[0] != _state(model)
+    check_protocol(model, hooks=False, forward=fresh)  # the smoke pass once per model, not once per call
     model = cast(ProtocolModel, model)  # check_protocol checked it
     was_training = getattr(model, "training", False)
     model.eval()  # dropout or other train-mode noise would break every equality
     try:
-        observed = observed_hooks(model)  # once: which hook points fire on this model
-        rows = [PROPERTIES[n](model, seed=seed, max_examples=max_examples, observed=observed) for n in names]
+        if fresh:  # which hook points fire on this model: once (a run checking one property per call asks again)
+            observed = observed_hooks(model)
+            _OBSERVED[model] = (_state(model), observed)
+        else:
+            observed = set(known[1]) if known else set()
+        rows = []
+        for n in names:
+            with counting(model) as cost:
+                result = PROPERTIES[n](model, seed=seed, max_examples=max_examples, observed=observed)
+            rows.append({**{c: getattr(result, c) for c in COLUMNS if c not in COST_COLUMNS},
+                         **{c: getattr(cost, c) for c in COST_COLUMNS}})
     finally:
         model.train(was_training)
-    frame = pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in rows], columns=COLUMNS)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["passed"] = frame["passed"].astype(object)
     frame.attrs["adapter"] = describe(model)
     frame.attrs.update(placement_of(model))  # dtype, device, attn_implementation: what ran

@@ -28,8 +28,8 @@ from probes.compare import ESTIMATOR_COLUMNS
 from probes.importance import METHODS
 from probes.roles import ROLES
 from properties.saturation import COLUMNS as SATURATION_COLUMNS
+from properties.suite import ADDED_COLUMNS
 from properties.suite import COLUMNS as PROPERTY_COLUMNS
-from properties.suite import PRECISION_COLUMNS
 from reports.defaults import TOLERANCE  # the headline's prune budget: what `attnlab probe` uses by default
 
 _LAYOUT = RunDir(".")  # file names only; RunDir owns the layout
@@ -56,7 +56,7 @@ INDUCTION_THRESHOLD = 0.5  # induction score above which a head counts as an ind
 # The columns a reader needs from each file; each list is owned by the module that writes the file.
 COLUMNS = {
     METRICS_CSV: CURVES,
-    PROPERTIES_CSV: tuple(c for c in PROPERTY_COLUMNS if c not in PRECISION_COLUMNS),  # older files lack those
+    PROPERTIES_CSV: tuple(c for c in PROPERTY_COLUMNS if c not in ADDED_COLUMNS),  # older files lack those
     SATURATION_CSV: tuple(SATURATION_COLUMNS),
     "importance": ("layer", "head", "importance", "loss_delta"),
     "prune_curve": ("order", "seed", "n_pruned", "fraction_pruned", "loss", "accuracy"),
@@ -186,7 +186,7 @@ def _load_stages(data: RunData) -> RunData:
     layout = RunDir(data.run_dir)
     data.properties = _optional_csv(layout.properties_csv, COLUMNS[PROPERTIES_CSV])
     if data.properties is not None:
-        for column in PRECISION_COLUMNS:  # a file from before the precision columns: nothing was measured
+        for column in ADDED_COLUMNS:  # a file from before the precision or cost columns: nothing was measured
             if column not in data.properties:
                 data.properties[column] = math.nan
     data.saturation = _optional_csv(layout.saturation_csv, COLUMNS[SATURATION_CSV])

@@ -121,7 +121,8 @@ def test_check_prints_the_table_it_writes(run):
     out = run.results["check"].stdout
     table = pd.read_csv(run.run_dir / "properties.csv")
     assert list(table.columns) == ["property", "applicable", "passed", "worst", "tolerance", "noise_floor",
-                                   "allowance", "ratio", "counterexample", "status", "reason"]
+                                   "allowance", "ratio", "counterexample", "status", "reason", "model_passes",
+                                   "twin_passes", "seconds"]
     for name in table["property"]:
         assert name in out
     applicable = table[table["applicable"]]

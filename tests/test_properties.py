@@ -39,7 +39,8 @@ def small(**kw) -> Transformer:
 def test_table_columns_and_applicability():
     frame = check_model(small(positional_embedding_type="rotary"), max_examples=FAST)
     assert list(frame.columns) == ["property", "applicable", "passed", "worst", "tolerance", "noise_floor",
-                                   "allowance", "ratio", "counterexample", "status", "reason"]
+                                   "allowance", "ratio", "counterexample", "status", "reason", "model_passes",
+                                   "twin_passes", "seconds"]
     assert list(frame.property) == list(properties.PROPERTIES)
     rows = frame.set_index("property")
     applicable = set(rows.index[rows.applicable])

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from harness.adapters.bridge import BridgeAdapter, is_bridge
+from harness.adapters.dispatch import is_dispatched, refuse_copy
 from harness.adapters.entry import adapt
 from harness.adapters.hf import HFAdapter, _is_pretrained
 from harness.adapters.hf_attention import base_kernel
@@ -192,6 +193,9 @@ def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
     kernel = None if attn_implementation is None or attn_implementation == kernel_of(model) else attn_implementation
     if dt is None and dev is None and kernel is None:
         return model
+    if is_dispatched(model):  # spread over devices because it fits on none: never copied (harness/adapters/dispatch.py)
+        asked = {"dtype": dtype, "device": device, "attn_implementation": attn_implementation}
+        raise refuse_copy(model, ", ".join(f"{k}={v!r}" for k, v in asked.items() if v is not None))
     if isinstance(model, HFAdapter):
         twin = _copy_hf(model.hf_model)
         twin.to(device=dev, dtype=dt)

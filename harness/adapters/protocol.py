@@ -19,6 +19,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from harness._checks import is_int
+from harness.adapters.dispatch import input_device
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.protocol_facts import (
     ADDED_POSITIONS,
@@ -237,6 +238,11 @@ def smoke_forward(model: ProtocolModel, watch: Iterable[str] = (), *, label: Opt
 
 
 def model_device(model: AnyModel) -> torch.device:
+    """Where ``model`` takes its inputs: accelerate's run device for a dispatched model (its first
+    parameter may be an offloaded ``meta`` placeholder: harness/adapters/dispatch.py), else its first parameter's."""
+    dispatched = input_device(model)
+    if dispatched is not None:
+        return dispatched
     for p in model.parameters():
         return p.device
     return torch.device("cpu")

@@ -1,0 +1,63 @@
+"""What one property costs: forward passes of the model and of its float64 copies, and seconds.
+
+Each row of :func:`properties.check_model` carries :data:`COST_COLUMNS`, so a user sees where a
+check's time goes and a change that adds passes shows in properties.csv. A pass is one top-level
+call of a protocol model (a ``HookedRootModule`` not called from inside another one): a call of
+the checked model counts in ``model_passes``; a call of any other protocol model during the row is
+one of its golden copies (the float64 twin, the float32 fallback, the determinism probe's copies:
+properties/precision.py) and counts in ``twin_passes``. Counted through torch's global module
+hooks, so a check cannot bypass the count by calling the model its own way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from transformer_lens import HookedRootModule
+
+COST_COLUMNS = ["model_passes", "twin_passes", "seconds"]
+
+
+@dataclass
+class Cost:
+    """Passes and wall seconds of one property row (filled when :func:`counting` exits)."""
+
+    model_passes: int = 0
+    twin_passes: int = 0
+    seconds: float = 0.0
+
+
+@contextmanager
+def counting(model: Any) -> Iterator[Cost]:
+    """Count the top-level protocol-model passes inside the block: ``model``'s apart from its copies'."""
+    cost = Cost()
+    depth = [0]  # protocol models entered and not yet left: an adapter may wrap another HookedRootModule
+
+    def enter(module: nn.Module, args: Any) -> None:
+        if not isinstance(module, HookedRootModule):
+            return
+        if depth[0] == 0:
+            if module is model:
+                cost.model_passes += 1
+            else:
+                cost.twin_passes += 1
+        depth[0] += 1
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(module, HookedRootModule):
+            depth[0] = max(0, depth[0] - 1)
+
+    handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, always_call=True)]
+    start = time.perf_counter()
+    try:
+        yield cost
+    finally:
+        cost.seconds = time.perf_counter() - start
+        for handle in handles:
+            handle.remove()

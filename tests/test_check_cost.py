@@ -1,0 +1,58 @@
+"""What each property row costs (issue 19 item 5): passes of the model and of its float64 copies, and seconds.
+
+The counts are exact (they are calls, not timings), so they are asserted; seconds only as positive.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tr
+
+from harness import ModelConfig, Transformer
+from harness.adapters import adapt
+from properties import check_model
+from properties.cost import COST_COLUMNS, counting
+from properties.precision import golden_twin
+from properties.suite import COLUMNS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny(**kw) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=32, n_ctx=16, **kw)).eval()
+
+
+def test_counting_tells_the_model_from_its_copies():
+    model = tiny()
+    twin = golden_twin(model)
+    x = torch.tensor([[1, 2, 3]])
+    with counting(model) as cost:
+        for _ in range(3):
+            model(x)
+        twin(x)
+    assert (cost.model_passes, cost.twin_passes) == (3, 1) and cost.seconds > 0
+    with counting(model) as after:  # the hooks are gone once the block ends: nothing counted outside it
+        pass
+    model(x)
+    assert (after.model_passes, after.twin_passes) == (0, 0)
+
+
+def test_an_adapter_around_a_protocol_model_counts_one_pass_per_call():
+    hf = tr.GPT2LMHeadModel(tr.GPT2Config(vocab_size=32, n_positions=16, n_embd=32, n_layer=2, n_head=4)).eval()
+    adapter = adapt(hf)
+    with counting(adapter) as cost:
+        adapter(torch.tensor([[1, 2]]))
+    assert (cost.model_passes, cost.twin_passes) == (1, 0)
+
+
+def test_every_row_says_what_it_cost():
+    table = check_model(tiny(positional_embedding_type="rotary"), max_examples=4).set_index("property")
+    assert list(table.reset_index().columns) == COLUMNS and COLUMNS[-3:] == COST_COLUMNS
+    ran = table[table["status"].isin(["pass", "fail"])]
+    assert (ran["model_passes"] > 0).all() and (ran["seconds"] > 0).all(), ran[COST_COLUMNS]
+    skipped = table[table["status"] == "n/a"]
+    assert not skipped.empty and (skipped["model_passes"] == 0).all() and (skipped["twin_passes"] == 0).all()
+    assert table.loc["padding_outputs", "twin_passes"] > 0  # calibrated: each pass also runs on the twin
+    assert table.loc["causal_pattern", "twin_passes"] == 0  # exact: no twin
