@@ -393,7 +393,8 @@ def export(run_dir: str, out_dir: str) -> None:
 @cli.command(short_help="Census of every model type transformers ships -> one result each.")
 @click.option("--only", multiple=True, metavar="TYPE", help="Only these model types (repeatable); an unknown one lists "
               "the close matches.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes (one model type each).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes (one model type each).")
 @click.option("--timeout", type=click.IntRange(min=1), default=census_command.TIMEOUT_S, show_default=True,
               help="Seconds per model type before it is recorded as timed out.")
 @click.option("--no-cache", is_flag=True, help="Recompute every result (the cache is keyed by transformers version "

@@ -116,7 +116,8 @@ def variants(method: str, shape: Shape) -> list[Variant]:
     L, N, S = shape.n_layers, shape.heads, shape.seeds
     top = min(shape.exact_top, N)
     depth = (L + 1) / (2 * L)  # a head of layer l starts its pass at l: the mean share of the model run
-    grad = shape.grad_passes or 1 + BACKWARD  # the one attribution pass every ranking shares (probes.attribution)
+    # the one attribution pass every ranking shares (probes.attribution)
+    grad: float = shape.grad_passes or 1 + BACKWARD
     if method in ("importance_gradient", "importance_attribution"):
         return [Variant("one fwd+bwd", grad, shared=grad)]
     if method in ("importance_ablation", "importance_mean_ablation"):
@@ -146,10 +147,10 @@ def variants(method: str, shape: Shape) -> list[Variant]:
     if method == "patterns":
         return [Variant("one sequence", PATTERN / shape.sequences)]
     if method == "estimators":
-        curves = 4 * shape.masked(N + 1) / 2  # each curve stops past the largest budget: about half of it
+        stopped = 4 * shape.masked(N + 1) / 2  # each curve stops past the largest budget: about half of it
         l0 = L0_STEPS * min(L0_ROWS, shape.sequences) / shape.sequences * grad
-        return [Variant("with l0_gates", curves + l0),
-                Variant("without l0_gates", curves, "estimators: without l0_gates (its training does not fit)")]
+        return [Variant("with l0_gates", stopped + l0),
+                Variant("without l0_gates", stopped, "estimators: without l0_gates (its training does not fit)")]
     raise AttnlabError(f"unknown probe method {method!r}: expected one of {', '.join(METHODS)}")
 
 
@@ -191,7 +192,7 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
         if fit is None:
             if not chosen:
                 cheapest = options[-1].seconds(paid, seconds_per_pass)
-                raise AttnlabError(f"--budget {budget_s / 60:.3g} min is too small: the cheapest plan ({method}, "
+                raise AttnlabError(f"--budget {left / 60:.3g} min is too small: the cheapest plan ({method}, "
                                    f"{options[-1].name}) needs ~{fmt_seconds(cheapest)}; expected a budget of at "
                                    f"least {math.ceil(cheapest / 60 * 10) / 10:g} min")
             notes.append(f"{method}: dropped, its cheapest variant needs ~"

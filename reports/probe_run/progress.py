@@ -53,7 +53,7 @@ class Progress:
 
     def _count(self, module: Any, args: tuple, kwargs: dict) -> None:
         x = args[0] if args else kwargs.get("tokens", kwargs.get("input", None))
-        rows = int(x.shape[0]) if hasattr(x, "shape") else 0
+        rows = int(x.shape[0]) if x is not None and hasattr(x, "shape") else 0
         start = kwargs.get("start_at_layer") or 0
         stop = kwargs.get("stop_at_layer")
         stop = self.n_layers if stop is None else stop

@@ -84,7 +84,7 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
     info = model_info(model)
     data = probe_data(info, tokens, loss_mask=loss_mask)
     ones = torch.ones(1, info.n_layers, info.n_heads)
-    seconds = []
+    seconds: list[float] = []
     # a first pass pays one-off costs (allocator, kernels' first use); where a pass is cheap, time a second
     while len(seconds) < 3 and (not seconds or sum(seconds) < WARM_S):
         start = time.perf_counter()
