@@ -77,3 +77,25 @@ def test_block_attention_over_depth_is_not_the_layers_attention():
     chosen = [type(hf_routes.attention_module(layer)).__name__ for layer in layers]
     assert all(name.endswith(("SlidingAttention", "FullAttention")) for name in chosen), chosen
     assert adapt(model).cfg.attention_dir == "causal"
+
+
+def test_eager_decoder_with_is_causal_unset_is_causal():
+    """BigBirdPegasus's decoder self-attention keeps is_causal=False (read only by sdpa/flash without a mask), but
+    runs eager on the mask create_causal_mask builds: causal, so attention_scale expects its future keys masked."""
+    adapter = adapt(tiny("bigbird_pegasus"))
+    assert adapter.cfg.attention_dir == "causal"
+    assert status(adapter, "attention_scale") == "pass"
+
+
+def test_pegasus_x_positions_reach_its_table():
+    """PEGASUS-X's decoder passes its position ids positionally as a column, its encoder none: the protocol's
+    positions (left-padded source, decoder offset) reach the table in the layout it takes."""
+    adapter = adapt(tiny("pegasus_x"))
+    tokens, source = torch.tensor([[3, 5], [4, 6]]), torch.tensor([[0, 7, 8], [9, 7, 8]])
+    source_mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    with torch.no_grad():
+        plain = adapter(tokens, source_tokens=source, source_mask=source_mask)
+        moved = adapter(tokens, position_offset=1, source_tokens=source, source_mask=source_mask)
+    assert plain.shape == (2, 2, adapter.cfg.d_vocab) and bool(torch.isfinite(plain).all())
+    assert float((plain - moved).abs().max()) > 1e-4  # the offset moved the decoder's sinusoidal positions
+    assert status(adapter, "cross_kv_cache") == "pass"

@@ -94,6 +94,14 @@ def _sinusoid_buffer(sub: nn.Module) -> bool:
     return any(name == "pos_encoding" for name, _ in sub.named_buffers(recurse=False))
 
 
+def _decoder_masked_causally(attn: nn.Module) -> bool:
+    """A decoder's self-attention (``is_decoder=True``) left at ``is_causal=False`` in a modeling file whose stack
+    masks with ``create_causal_mask`` (BigBirdPegasus, PEGASUS-X: the flag is only read by the sdpa/flash kernels
+    when no mask is passed, and these run eager): the mask the model builds is causal, and so is the design."""
+    module = _modeling_module(attn)
+    return getattr(attn, "is_decoder", False) is True and module is not None and _calls(module, "create_causal_mask")
+
+
 def _calls(module: Any, name: str) -> bool:
     """Whether the modeling file calls ``name`` (Jamba and Nemotron-H copy apply_rotary_pos_emb but never call it:
     they have no positions in attention)."""
@@ -287,7 +295,8 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
     softcap = getattr(config, "attn_logit_softcapping", None)
     # a module without is_causal follows its head: a masked LM predicts from both sides (DeBERTa, ConvBERT keep no flag)
     default_causal = not type(hf_model).__name__.endswith("ForMaskedLM")
-    causal = all(getattr(a, "is_causal", default_causal) for a in attn_modules if a is not None)
+    causal = all(getattr(a, "is_causal", default_causal) or _decoder_masked_causally(a)
+                 for a in attn_modules if a is not None)
     n_ctx = _int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length") or 2048
     qk_norm = any(getattr(attn0, name, None) is not None for name in ("q_norm", "q_layernorm"))
     return AdapterConfig(

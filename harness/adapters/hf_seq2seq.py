@@ -107,6 +107,27 @@ class _Past:
     mask: Tensor  # long [batch, pos so far]
 
 
+def _table_at(table: nn.Module, args: tuple, kwargs: dict, row: Tensor) -> Tensor:
+    """``table``'s own forward on the call's arguments with ``position_ids`` = ``row`` (one batch row's ids).
+
+    The ids take the layout the model gave them (PEGASUS-X's decoder passes them positionally, as a column
+    ``[pos, 1]``); where the model gave none, a row ``[pos]``, else a column: PEGASUS-X's table broadcasts its
+    default ``arange(pos)[:, None]`` against its frequencies, and a row does not broadcast.
+    """
+    bound = inspect.signature(table.forward).bind(*args, **kwargs)
+    given = bound.arguments.get("position_ids")
+    layouts = [row.reshape(given.shape)] if isinstance(given, Tensor) and given.numel() == row.numel() else \
+        [row, row[:, None]]
+    for i, ids in enumerate(layouts):
+        bound.arguments["position_ids"] = ids
+        try:
+            return table.forward(*bound.args, **bound.kwargs)
+        except RuntimeError:
+            if i == len(layouts) - 1:
+                raise
+    raise AssertionError("unreachable: the last layout re-raises")
+
+
 def _leaves(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """The innermost attention modules inside ``module`` with their names, in module order."""
     found = [(n, m) for n, m in module.named_modules() if routes._is_attention(m)]
@@ -274,8 +295,9 @@ class HFSeq2SeqAdapter(HFAdapter):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> Any:
             ids = self._ids[part]
             if ids is not None:
-                rows = [module.forward(*args, **{**kwargs, "position_ids": row}) for row in ids]
-                output = torch.stack([r.reshape(r.shape[-2], r.shape[-1]) for r in rows])
+                rows = [_table_at(module, args, kwargs, row) for row in ids]
+                # a table that expands its rows to the batch (PEGASUS-X) gives one row's ids to every row: take one
+                output = torch.stack([(r[0] if r.ndim == 3 else r).reshape(r.shape[-2], r.shape[-1]) for r in rows])
             stack = self.encoder if part == ENCODER else self
             point = getattr(stack, "hook_pos_embed", None)
             if point is None or not active(point):
