@@ -26,8 +26,8 @@ INTERLEAVED_STYLES = ("interleaved", "gptj", "pairs")  # pairs (2i, 2i + 1), the
 ALIBI_STYLES = ("relative", "absolute_key")
 
 __all__ = ["windows", "window", "attn_scale", "softcap", "allowed_keys", "rotary_design", "rotary_layout",
-           "pair_norms", "alibi_design", "attention_sinks", "design_summary", "is_transformer_lens_cfg",
-           "unit_roundoff", "model_dtype"]
+           "pair_norms", "alibi_design", "attention_sinks", "rotary_span", "rotary_split", "design_summary",
+           "is_transformer_lens_cfg", "unit_roundoff", "model_dtype"]
 
 
 def windows(cfg: Any) -> tuple[Optional[int], ...]:
@@ -76,6 +76,27 @@ def rotary_design(cfg: Any) -> tuple[int, str, float]:
         raise AttnlabTypeError(f"cfg.rotary_style={style!r} is not one of {list(HALF_STYLES + INTERLEAVED_STYLES)}")
     base = float(getattr(cfg, "rotary_base", None) or 10000.0)
     return int(dim), style, base
+
+
+def rotary_span(cfg: Any) -> tuple[int, int]:
+    """(first rotated feature, rotation direction +1/-1) as declared (cfg.rotary_offset, cfg.rotary_direction)."""
+    dim = int(getattr(cfg, "rotary_dim", None) or cfg.d_head)
+    offset = getattr(cfg, "rotary_offset", None)
+    offset = 0 if offset is None else offset
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or offset + dim > cfg.d_head:
+        raise AttnlabError(f"cfg.rotary_offset={offset!r} is invalid: expected an integer in [0, d_head - rotary_dim = "
+                           f"{cfg.d_head - dim}]")
+    direction = getattr(cfg, "rotary_direction", None)
+    direction = 1 if direction is None else direction
+    if direction not in (1, -1) or isinstance(direction, bool):
+        raise AttnlabError(f"cfg.rotary_direction={direction!r} is invalid: expected +1 or -1")
+    return offset, int(direction)
+
+
+def rotary_split(x: Tensor, dim: int, offset: int) -> tuple[Tensor, Tensor]:
+    """(the rotated features ``x[..., offset:offset + dim]``, the pass-through ones) of ``x [..., d_head]``."""
+    rest = torch.cat((x[..., :offset], x[..., offset + dim:]), -1)
+    return x[..., offset:offset + dim], rest
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -143,9 +164,9 @@ def rotary_layout(cfg: Any) -> tuple[int, Optional[str]]:
     return dim, (style if getattr(cfg, "rotary_style", None) else None)
 
 
-def pair_norms(x: Tensor, dim: int, style: str) -> Tensor:
-    """Norms of the rotated pairs of ``x [..., d_head]`` -> ``[..., dim // 2]``."""
-    r = x[..., :dim]
+def pair_norms(x: Tensor, dim: int, style: str, offset: int = 0) -> Tensor:
+    """Norms of the rotated pairs of ``x [..., d_head]`` (features offset .. offset + dim) -> ``[..., dim // 2]``."""
+    r = x[..., offset:offset + dim]
     if style == "half":
         a, b = r[..., : dim // 2], r[..., dim // 2:]
     else:
@@ -171,7 +192,7 @@ def design_summary(cfg: Any) -> str:
     """The declared departures from the textbook, for a row's reason ("" when there are none)."""
     parts = []
     for name in ("attn_scale", "attn_scales", "attn_softcap", "sliding_window", "rotary_dim", "rotary_style",
-                 "qk_norm", "alibi_style", "attention_sinks"):
+                 "rotary_offset", "rotary_direction", "qk_norm", "alibi_style", "attention_sinks"):
         value = getattr(cfg, name, None)
         if value is not None and value is not False:
             parts.append(f"{name}={value!r}")

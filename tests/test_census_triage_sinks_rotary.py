@@ -4,10 +4,15 @@ Attention sinks (GPT-OSS and kin): the adapter's explicit pattern keeps the per-
 the softmax's denominator, as transformers' gpt_oss eager_attention_forward does, and
 pattern_distribution checks what then holds (rows sum to 1 minus one head's sink mass). A kernel
 that drops the sink still fails kernel_consistency.
+
+Rotary layouts: Multi-head Latent Attention turns the last qk_rope_head_dim features of a head
+(``cfg.rotary_offset``), nanochat turns by -p (``cfg.rotary_direction``); rotary_norm and
+rotary_precision follow the declaration and fail on a wrong one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -18,6 +23,7 @@ from harness.adapters import HFAdapter
 from harness.adapters.hf_attention import explicit_pattern
 from properties import check_model
 from properties.checks.pattern import sink_error
+from properties.checks.rotary_phase import rotate
 from reports.census.shrink import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -83,3 +89,48 @@ def test_sink_error_follows_the_formula_and_catches_inconsistent_sinks():
     assert float(sink_error(bad, scores, real).max()) > 0.01
     # a row summing above 1 fails even without scores to compare
     assert float(sink_error(p * 2.5, None, real).max()) > 0.1
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3():
+    torch.manual_seed(0)
+    return build("deepseek_v3", "DeepseekV3ForCausalLM")
+
+
+def test_mla_declares_its_last_features_rotary_and_passes_rotary_checks(deepseek_v3):
+    cfg = HFAdapter(deepseek_v3).cfg
+    text = deepseek_v3.config
+    # the design read off the module: [q_nope, q_rope], the last qk_rope_head_dim turn (rope_interleave writes "half")
+    assert (cfg.rotary_dim, cfg.rotary_offset, cfg.rotary_style) == (text.qk_rope_head_dim, text.qk_nope_head_dim,
+                                                                     "half")
+    frame = check_model(HFAdapter(deepseek_v3), properties=["rotary_norm", "rotary_precision"], max_examples=10)
+    assert frame["status"].tolist() == ["pass", "pass"], frame[["property", "status", "reason"]]
+
+
+def test_rotate_turns_only_the_declared_span_and_direction():
+    x = torch.randn(2, 3, 4, 16, dtype=torch.float64)
+    turned = rotate(x, 7, 8, "half", 10000.0, 8)
+    torch.testing.assert_close(turned[..., :8], x[..., :8], rtol=0, atol=0)  # the pass-through features
+    torch.testing.assert_close(turned[..., 8:], rotate(x[..., 8:], 7, 8, "half", 10000.0), rtol=0, atol=0)
+    # a rotation by -p undoes one by +p (nanochat's direction), to float64 rounding
+    back = rotate(rotate(x, 7, 16, "half", 10000.0), 7, 16, "half", 10000.0, 0, -1)
+    torch.testing.assert_close(back, x, rtol=0, atol=1e-12)
+
+
+def test_a_rotation_on_the_first_features_fails_when_mla_declares_the_last(deepseek_v3, monkeypatch):
+    adapter = HFAdapter(deepseek_v3)
+    # the mutant: a declaration that the first features turn (the check's old assumption) on the real MLA model
+    monkeypatch.setattr(adapter, "_cfg", dataclasses.replace(adapter.cfg, rotary_offset=0))
+    frame = check_model(adapter, properties=["rotary_norm"], max_examples=10)
+    assert _row(frame, "rotary_norm")["status"] == "fail"
+
+
+def test_nanochat_declares_a_negative_direction_and_a_positive_one_fails(monkeypatch):
+    torch.manual_seed(0)
+    adapter = HFAdapter(build("nanochat", "NanoChatForCausalLM"))
+    assert adapter.cfg.rotary_direction == -1  # modeling_nanochat.rotate_half is cat((x2, -x1))
+    assert _row(check_model(adapter, properties=["rotary_precision"], max_examples=10),
+                "rotary_precision")["status"] == "pass"
+    monkeypatch.setattr(adapter, "_cfg", dataclasses.replace(adapter.cfg, rotary_direction=None))
+    assert _row(check_model(adapter, properties=["rotary_precision"], max_examples=10),
+                "rotary_precision")["status"] == "fail"

@@ -41,6 +41,13 @@ class DesignFacts:
     # Which dimensions pair up in a rotation: "half" pairs (i, i + r/2) (rotate_half: GPT-NeoX, Llama),
     # "interleaved" pairs (2i, 2i + 1) (Su et al. 2021 eq. 34; GPT-J, RoFormer).
     rotary_style: Optional[str] = None
+    # The first rotated feature of a head: the rotary_dim features from it turn, the rest pass through.
+    # Multi-head Latent Attention (DeepSeek-V2/V3, Liu et al. 2024 §2.1.3) concatenates [q_nope, q_rope], so
+    # its rotary part is the last qk_rope_head_dim features: offset qk_nope_head_dim. Textbook 0 (None).
+    rotary_offset: Optional[int] = None
+    # +1: position p turns a pair (a, b) to (a cos - b sin, a sin + b cos) (Su et al. 2021 eq. 34); -1: by -p
+    # (nanochat's rotate_half is cat(x2, -x1)), just as relative: <R(-m) q, R(-n) k> depends on m - n. Textbook +1.
+    rotary_direction: Optional[int] = None
     # The RoPE base theta: angle of pair i at position p is p * theta**(-2i/r). Textbook 10000 (Su et al.).
     rotary_base: Optional[float] = None
     # transformers' rope_parameters["rope_type"]: "default" is plain RoPE; "linear", "dynamic", "yarn",

@@ -48,15 +48,16 @@ def _int(config: Any, *names: str) -> Optional[int]:
     return None
 
 
-def _rope(config: Any) -> dict:
+def _rope(config: Any, types: Optional[set] = None) -> dict:
     """The config's rope_parameters; keyed by layer type (Olmo 3, ModernBERT, Mellum), the one shared by every type,
     or, where the types differ (160000 for full attention, 10000 for sliding), no base and a non-default rope_type:
-    one declared base would be wrong for some layers."""
+    one declared base would be wrong for some layers. ``types``: the layer types of the checked layers (only
+    those types' parameters matter: Laguna's tiny stack is all full attention)."""
     params = getattr(config, "rope_parameters", None)
     if not isinstance(params, dict):
         return {}
     if params and all(isinstance(v, dict) for v in params.values()):
-        kinds = list(params.values())
+        kinds = [v for k, v in params.items() if not types or k in types] or list(params.values())
         return kinds[0] if all(k == kinds[0] for k in kinds) else {"rope_type": PER_LAYER_TYPE}
     return params
 
@@ -203,15 +204,56 @@ def _sliding(config: Any, attn: Optional[nn.Module], layer: int) -> Optional[int
     return window if isinstance(window, int) and not isinstance(window, bool) else None
 
 
-def _rotary_dim(config: Any, attn: Optional[nn.Module], d_head: int) -> int:
+def _rotary_dim(config: Any, attn: Optional[nn.Module], d_head: int, types: Optional[set] = None) -> int:
     for name in ("rotary_ndims", "rotary_dim"):
         value = getattr(attn, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    factor = _rope(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    mla = mla_rotary(attn, d_head)
+    if mla is not None:
+        return mla[0]
+    factors = {v.get("partial_rotary_factor") for k, v in (getattr(config, "rope_parameters", None) or {}).items()
+               if isinstance(v, dict) and (not types or k in types)}
+    factor = factors.pop() if len(factors) == 1 else None  # per layer type (MiMo-V2-Flash, Laguna, ZAYA)
+    if factor is None:
+        factor = _rope(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
     if factor is None:
         factor = getattr(config, "rotary_pct", 1.0)
-    return int(d_head * float(cast(float, factor)))
+    # HF's default rope init: inv_freq = base ** -(arange(0, dim, 2) / dim), cos = cat(freqs, freqs), so an odd
+    # int(d_head * factor) (MiMo-V2-Flash: 16 * 0.334 = 5) turns 2 * ceil(dim / 2) features
+    dim = int(d_head * float(cast(float, factor)))
+    return dim + dim % 2
+
+
+def mla_rotary(attn: Optional[nn.Module], d_head: int) -> Optional[tuple[int, int]]:
+    """(rotary_dim, first rotated feature) of Multi-head Latent Attention (DeepSeek-V2/V3, Liu et al. 2024 §2.1.3).
+
+    Its forward splits each query head as ``q_pass, q_rot = torch.split(q, [qk_nope_head_dim, qk_rope_head_dim])``,
+    rotates ``q_rot`` (and the shared ``k_rot``) and concatenates ``(q_pass, q_rot)``: the last qk_rope_head_dim
+    features turn. With rope_interleave the rotation reads pairs (2i, 2i + 1) but writes them as (i, i + r/2)
+    (``apply_rotary_pos_emb_interleave``: ``cat([q1 cos - q2 sin, q2 cos + q1 sin])``), so the rotated q/k the
+    kernel gets pair as "half". None where the module is not laid out so.
+    """
+    rope, nope = getattr(attn, "qk_rope_head_dim", None), getattr(attn, "qk_nope_head_dim", None)
+    if not (isinstance(rope, int) and isinstance(nope, int) and rope + nope == d_head):
+        return None
+    try:
+        source = inspect.getsource(type(attn).forward)
+    except (OSError, TypeError):
+        return None
+    if re.search(r"q_pass, q_rot = torch\.split", source):
+        return rope, nope
+    return (rope, 0) if re.search(r"q_rot, q_pass = torch\.split", source) else None
+
+
+def _rotary_direction(module: Any) -> Optional[int]:
+    """-1 where the modeling file's rotate_half is ``cat((x2, -x1))`` (nanochat, as Karpathy's nanochat
+    apply_rotary_emb: y1 = x1 cos + x2 sin): position p turns by -p, a rotation still; None (textbook +1) otherwise."""
+    try:
+        source = inspect.getsource(module.rotate_half) if module is not None and hasattr(module, "rotate_half") else ""
+    except (OSError, TypeError):
+        return None
+    return -1 if re.search(r"cat\(\(x2, -x1\)", source) else None
 
 
 def _sinks(attn_modules: list[Optional[nn.Module]]) -> Optional[tuple[bool, ...]]:
@@ -285,8 +327,10 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
     if rotary:
         style = _rotary_style(module, attn0)
     base = rope_type = None
+    layer_types = getattr(config, "layer_types", None)
+    types = {layer_types[i] for i in ids if i < len(layer_types)} if isinstance(layer_types, (list, tuple)) else None
     if rotary:
-        rope = _rope(config)
+        rope = _rope(config, types)
         base = rope.get("rope_theta", getattr(config, "rope_theta", getattr(config, "rotary_emb_base", None)))
         base = float(base) if base is not None else 10000.0  # GPT-J/CodeGen hard-code 10000
         rope_type = rope.get("rope_type")
@@ -307,7 +351,9 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         attn_scale=scales[0], attn_scales=scales,
         attn_softcap=float(softcap) if softcap is not None else None,
         sliding_window=tuple(_sliding(config, a, i) for i, a in zip(ids, attn_modules, strict=True)),
-        rotary_dim=_rotary_dim(config, attn0, d_head) if rotary else None, rotary_style=style, rotary_base=base,
+        rotary_dim=_rotary_dim(config, attn0, d_head, types) if rotary else None, rotary_style=style, rotary_base=base,
+        rotary_offset=(mla_rotary(attn0, d_head) or (0, None))[1] if rotary else None,
+        rotary_direction=_rotary_direction(module) if rotary else None,
         rope_type=rope_type, pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0, qk_norm=qk_norm,
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),

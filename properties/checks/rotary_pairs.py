@@ -2,7 +2,8 @@
 
 So the same layer-0 input at two position offsets gives the same ``|hook_rot_q|``/``|hook_rot_k|``
 per head and position; with a declared ``cfg.rotary_style`` each rotated pair's norm, with a
-declared ``cfg.rotary_dim`` the pass-through dims unchanged. Comparing two rotations (not
+declared ``cfg.rotary_dim`` (from ``cfg.rotary_offset``: MLA rotates the last features) the
+pass-through dims unchanged. Comparing two rotations (not
 rotation vs ``hook_q``) lets q/k-norm between ``hook_q`` and the rotation (Qwen3) pass.
 Relative tolerance 1e-5 of the head vector's norm (a float32 rotation changes a norm by ~3 * 2^-24).
 """
@@ -31,6 +32,7 @@ def rotary_norm(case: Case) -> Plan:
     """The same layer-0 input at two offsets gives equal ``|hook_rot_q|``, ``|hook_rot_k|`` per head and position."""
     model, cfg, names = case.model, case.cfg, list(case.hooks)
     dim, style = design.rotary_layout(cfg)
+    offset, _ = design.rotary_span(cfg)  # the turning direction does not change a norm
     # feeding the second run the first run's layer-0 input makes "the same input" literal, so an
     # absolute position leak (relative_position's business) cannot pose as a norm change
     resid = "blocks.0.hook_resid_pre"
@@ -47,9 +49,9 @@ def rotary_norm(case: Case) -> Plan:
     def norms(t):
         t = t.double()
         whole = t.norm(dim=-1)  # [batch, pos, heads]
-        turned = (design.pair_norms(t, dim, style) if style is not None
-                  else t[..., :dim].norm(dim=-1, keepdim=True))
-        return whole, turned, t[..., dim:]
+        rot, kept = design.rotary_split(t, dim, offset)
+        turned = design.pair_norms(t, dim, style, offset) if style is not None else rot.norm(dim=-1, keepdim=True)
+        return whole, turned, kept
 
     def measure(example):
         x, first, second = example
@@ -75,7 +77,8 @@ def rotary_norm(case: Case) -> Plan:
         x, first, second = example
         return f"tokens={x.tolist()} position_offsets={first},{second}"
 
-    layout = f"rotary_dim={dim}, " + (f"{style} pairs" if style else "pair layout undeclared: whole-vector norms")
+    layout = f"rotary_dim={dim}" + (f" from feature {offset}, " if offset else ", ") + \
+        (f"{style} pairs" if style else "pair layout undeclared: whole-vector norms")
     if not patchable:
         layout += "; layer-0 input not patched (hook_resid_pre unobserved)"
     return Plan(strategy(), measure, describe, info=lambda: layout)

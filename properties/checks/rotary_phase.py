@@ -5,9 +5,9 @@ RoPE (Su et al. 2021, eq. 34) turns each pair of q/k features by ``pos * theta_i
 input does not depend on positions (rotary models add none), so ``hook_rot_q`` at
 ``position_offset=p`` must equal the float64 rotation by p of ``hook_rot_q`` at offset 0 —
 the reference needs neither ``hook_q`` nor the model's code, only its declared design
-(``rotary_dim``, ``rotary_style``, ``rotary_base``; partial rotary leaves the other features
-alone). A second, purely relative check: the rotated scores ``<rot_q_i, rot_k_j>`` at offset p
-equal those at offset 0 (they depend on i - j only).
+(``rotary_dim``, ``rotary_style``, ``rotary_base``, ``rotary_offset``, ``rotary_direction``; partial
+rotary leaves the other features alone). A second, purely relative check: the rotated scores
+``<rot_q_i, rot_k_j>`` at offset p equal those at offset 0 (they depend on i - j only).
 
 Field bugs: ``inv_freq`` or the phase ``pos * inv_freq`` computed in bfloat16/float16 has a
 relative phase error of 2^-9 / 2^-11, i.e. radians at a few thousand positions (transformers
@@ -26,7 +26,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.checks._common import fmt, max_len, where_max
-from properties.design import rotary_design, unit_roundoff
+from properties.design import rotary_design, rotary_span, unit_roundoff
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.search import offset_text
@@ -36,19 +36,21 @@ TOLERANCE = 1.0
 U32 = unit_roundoff(torch.float32)
 
 
-def rotate(x: torch.Tensor, p: int, dim: int, style: str, base: float) -> torch.Tensor:
-    """Turn the first ``dim`` features of ``x [..., d_head]`` (float64) by ``p * theta_i``, Su et al. eq. 34."""
+def rotate(x: torch.Tensor, p: int, dim: int, style: str, base: float, offset: int = 0,
+           direction: int = 1) -> torch.Tensor:
+    """Turn features ``offset .. offset + dim`` of ``x [..., d_head]`` (float64) by ``direction * p * theta_i``,
+    Su et al. eq. 34; the others pass through."""
     theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    ang = p * theta
+    ang = direction * p * theta
     cos, sin = ang.cos(), ang.sin()
-    rot, rest = x[..., :dim], x[..., dim:]
+    rot, rest = x[..., offset:offset + dim], x[..., offset + dim:]
     if style == "half":
         a, b = rot[..., : dim // 2], rot[..., dim // 2:]
         turned = torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
     else:
         a, b = rot[..., 0::2], rot[..., 1::2]
         turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-    return torch.cat((turned, rest), -1)
+    return torch.cat((x[..., :offset], turned, rest), -1)
 
 
 def _default_rope(model: Any) -> Optional[str]:
@@ -67,6 +69,7 @@ def rotary_precision(case: Case) -> Plan:
     """Layer-0 ``hook_rot_q``/``hook_rot_k`` at offset p equal a float64 rotation by p of offset 0's."""
     model, cfg, names = case.model, case.cfg, list(case.hooks)
     dim, style, base = rotary_design(cfg)
+    first, direction = rotary_span(cfg)  # the first rotated feature (MLA: the last rotary_dim turn)
     n_max = max_len(cfg, cap=4)
 
     @st.composite
@@ -86,7 +89,7 @@ def rotary_precision(case: Case) -> Plan:
         worst, where = 0.0, "rotations exact"
         for nm in names:
             r0, rp = at0[nm].double(), atp[nm].double()  # [batch, pos, heads, d_head]
-            ref = rotate(r0, offset, dim, style, base)
+            ref = rotate(r0, offset, dim, style, base, first, direction)
             err = ((rp - ref).norm(dim=-1) / r0.norm(dim=-1).clamp(min=1e-30)) / allow
             if float(err.max()) > worst:
                 worst = float(err.max())
