@@ -9,9 +9,9 @@ passes float16's 65504 at layer 7; the raw-model witness is in tests/test_real_c
 ``finite_outputs`` names and every other row reports as "not comparable" rather than failed.
 
 Catalogue bugs (tests/field_bugs/catalogue.py: real bugs from public trackers, as patches of the library
-code they lived in) patched into the real checkpoints in bfloat16 must fail the rows the catalogue names
-(or, where bfloat16's rounding is wider than the bug, report it hidden: the float64 twin fails the row),
-and the same checkpoint unpatched, same kernel, must pass them.
+code they lived in) patched into the real checkpoints in bfloat16: four are caught (a row the catalogue
+names fails), one is reported hidden under rounding (no row fails, its float64 twin fails one: see
+REAL_BUGS); unpatched, same kernel, the rows pass with no note.
 
 Slow tier: each case loads a real model (a few seconds from the converted cache) and runs 18-30 layers
 per pass; two examples per property (fewer examples, not fewer dtypes).
@@ -34,13 +34,17 @@ SMOLLM2, GEMMA3 = "smollm2-135m-instruct", "gemma-3-270m"
 # the rows a correct checkpoint must be checked on, not n/a or unobservable (float16 Gemma-3: see below)
 CHECKED = {"causal_outputs", "causal_pattern", "pattern_distribution", "padding_outputs", "batch_independence",
            "attention_scale", "relative_position", "rotary_norm", "kv_cache", "finite_outputs"}
-# catalogue bug -> (checkpoint, attention kernel it lived in; None: the checkpoint's default)
+# catalogue bug -> (checkpoint, attention kernel it lived in (None: the checkpoint's default), verdict in bfloat16)
+# "caught": a row the catalogue names fails. "hidden": none fails, one is noted hidden under rounding (its
+# float64 twin fails it): xformers103 on SmolLM2 moves the prefix logits by 0.54 of their scale, but the
+# patched (non-causal) model's bfloat16 logits are only good to 0.25 of theirs against the twin, so its
+# allowance is 1.0; the catalogue's tiny Llama catches it in bfloat16 (docs/field-bugs.md).
 REAL_BUGS = {
-    "labml146_softmax_over_queries": (SMOLLM2, "eager"),
-    "xformers103_causal_skipped_without_mask": (SMOLLM2, "sdpa"),
-    "pytorch63271_padding_masks_query_rows": (SMOLLM2, "eager"),
-    "hf25681_llama_inv_freq_bf16": (SMOLLM2, None),
-    "hf29623_window_one_wider": (GEMMA3, "eager"),
+    "labml146_softmax_over_queries": (SMOLLM2, "eager", "caught"),
+    "pytorch63271_padding_masks_query_rows": (SMOLLM2, "eager", "caught"),
+    "hf25681_llama_inv_freq_bf16": (SMOLLM2, None, "caught"),
+    "hf29623_window_one_wider": (GEMMA3, "eager", "caught"),
+    "xformers103_causal_skipped_without_mask": (SMOLLM2, "sdpa", "hidden"),
 }
 
 
@@ -79,16 +83,15 @@ def test_gemma3_in_float16_fails_finite_outputs_and_nothing_else():
 
 
 @pytest.mark.parametrize("bug_name", REAL_BUGS)
-def test_catalogue_bug_patched_into_a_real_checkpoint_is_caught_in_bfloat16(bug_name):
+def test_catalogue_bug_patched_into_a_real_checkpoint_in_bfloat16(bug_name):
     bug = next(b for b in BUGS if b.name == bug_name)
-    name, kernel = REAL_BUGS[bug_name]
+    name, kernel, verdict = REAL_BUGS[bug_name]
     props = list(bug.must_flag)
     clean = _checked(name, "bfloat16", kernel, props)
     assert clean.status.eq("pass").all(), clean[["status", "worst", "allowance", "counterexample"]].to_dict("index")
+    assert not clean.reason.str.startswith(HIDDEN).any()  # a correct checkpoint's twin passes too
     with bug.patch():
         broken = _checked(name, "bfloat16", kernel, props)
-    # every row the bug must break fails, or passes under bfloat16's rounding while its float64 twin fails it
-    # (reported hidden); and the bug is caught by at least one of them
-    seen = broken.status.eq("fail") | broken.reason.str.startswith(HIDDEN)
-    assert seen.all() and broken.status.eq("fail").any(), \
-        broken[["status", "worst", "allowance", "reason"]].to_dict("index")
+    failed, hidden = broken.status.eq("fail"), broken.reason.str.startswith(HIDDEN)
+    seen = "caught" if failed.any() else "hidden" if hidden.any() else "missed"
+    assert seen == verdict, broken[["status", "worst", "allowance", "reason"]].to_dict("index")

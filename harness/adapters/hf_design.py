@@ -235,7 +235,7 @@ def mla_rotary(attn: Optional[nn.Module], d_head: int) -> Optional[tuple[int, in
     kernel gets pair as "half". None where the module is not laid out so.
     """
     rope, nope = getattr(attn, "qk_rope_head_dim", None), getattr(attn, "qk_nope_head_dim", None)
-    if not (isinstance(rope, int) and isinstance(nope, int) and rope + nope == d_head):
+    if attn is None or not (isinstance(rope, int) and isinstance(nope, int) and rope + nope == d_head):
         return None
     try:
         source = inspect.getsource(type(attn).forward)
