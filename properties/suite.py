@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from typing import Any, Optional, cast
 
 import pandas as pd
+import torch
 from torch import nn
 from transformer_lens import HookedRootModule
 
+from harness._checks import check_positive_int
 from harness.adapters.entry import adapt, describe
 from harness.adapters.function import FunctionModel
 from harness.adapters.placement import placed, placement_of
@@ -31,6 +33,11 @@ COLUMNS = ["property", "applicable", "passed", "worst", "tolerance", *PRECISION_
            "reason", *COST_COLUMNS]
 # columns a properties.csv written before them lacks: its readers fill them with NaN (reports/rundata.py)
 ADDED_COLUMNS = [*PRECISION_COLUMNS, *COST_COLUMNS]
+# Every pass of a property search is a few sequences of <= 24 tokens: too small for an op to gain from a second
+# CPU thread, and on a shared machine each op's parallel region waits for a descheduled one. GPT-2 small's shape,
+# causal_outputs + pattern_distribution at 8 examples, 2 cores at load 8: 291 s on 2 threads, 54 s on 1 (the same
+# 25 + 25 passes; the 2-thread profile spent 47 s in 1250 layer_norm calls on [2, 8, 768] tensors).
+THREADS = 1
 # the hook points that fire on a model, while its weights are unchanged (precision.fingerprint): a caller that checks
 # one property per call (reports/pipeline.py, for its progress bar) must not pay a smoke pass per property
 _OBSERVED: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], set[str]]] = weakref.WeakKeyDictionary()
@@ -43,7 +50,8 @@ def _state(model: Any) -> tuple[Any, ...]:
 
 def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] = None,
                 properties: Optional[list[str]] = None, cfg: Any = None, dtype: Optional[str] = None,
-                device: Any = None, attn_implementation: Optional[str] = None) -> pd.DataFrame:
+                device: Any = None, attn_implementation: Optional[str] = None,
+                threads: Optional[int] = THREADS) -> pd.DataFrame:
     """Run the property checks on a model that follows the protocol; one row per property.
 
     Columns: :data:`COLUMNS` (``property, applicable, passed, worst, tolerance, noise_floor, allowance,
@@ -65,9 +73,22 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     part raises TypeError listing what is missing. ``dtype`` ("auto"/None: the model's own, "float32",
     "bfloat16", "float16", "float64"), ``device`` and ``attn_implementation`` run a copy of the model
     there (:func:`harness.adapters.placed`; the caller's model is never cast); ``frame.attrs`` records
-    what ran (``dtype``, ``device``, ``attn_implementation``).
+    what ran (``dtype``, ``device``, ``attn_implementation``). ``threads``: torch's CPU threads while it
+    runs (restored after; None keeps the caller's setting), default :data:`THREADS`.
     """
     check_search_args(seed, max_examples)
+    check_positive_int("threads", threads, none_ok=True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        return _check(model, seed=seed, max_examples=max_examples, properties=properties, cfg=cfg, dtype=dtype,
+                      device=device, attn_implementation=attn_implementation)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check(model: AnyModel, *, seed: int, max_examples: Optional[int], properties: Optional[list[str]], cfg: Any,
+           dtype: Optional[str], device: Any, attn_implementation: Optional[str]) -> pd.DataFrame:
     names = list(PROPERTIES) if properties is None else list(properties)
     unknown = [n for n in names if n not in PROPERTIES]
     if unknown or not names:

@@ -11,6 +11,7 @@ import transformers as tr
 
 from harness import ModelConfig, Transformer
 from harness.adapters import adapt
+from harness.errors import AttnlabError
 from properties import check_model
 from properties.cost import COST_COLUMNS, counting
 from properties.precision import golden_twin
@@ -56,3 +57,22 @@ def test_every_row_says_what_it_cost():
     assert not skipped.empty and (skipped["model_passes"] == 0).all() and (skipped["twin_passes"] == 0).all()
     assert table.loc["padding_outputs", "twin_passes"] > 0  # calibrated: each pass also runs on the twin
     assert table.loc["causal_pattern", "twin_passes"] == 0  # exact: no twin
+
+
+def test_the_suite_runs_on_its_own_threads_and_restores_the_callers():
+    seen = []
+
+    def watch(module, args):
+        seen.append(torch.get_num_threads())
+
+    model = tiny()
+    torch.set_num_threads(2)
+    try:
+        handle = model.register_forward_pre_hook(watch)
+        check_model(model, properties=["causal_pattern"], max_examples=2)
+        handle.remove()
+        assert set(seen) == {1} and torch.get_num_threads() == 2  # THREADS while it runs, the caller's after
+        with pytest.raises(AttnlabError, match="threads=0"):
+            check_model(model, properties=["causal_pattern"], threads=0)
+    finally:
+        torch.set_num_threads(1)

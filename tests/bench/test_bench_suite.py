@@ -1,4 +1,5 @@
-"""The whole benchmark table (``attnlab bench``), in short mode for CI or full mode for people.
+"""The whole benchmark table (``attnlab bench``), in short mode for CI or full mode for people; and
+``check_model`` at GPT-2 small's shape (full mode; a smaller one in CI), with each row's cost.
 
 Ratios are printed and recorded, not asserted against their goals: a timed assertion would
 flake on a shared machine. What is asserted is what does not depend on timing: every row is
@@ -7,11 +8,18 @@ keeps exactly the requested activation.
 """
 
 import math
+import os
+import statistics
 
 import pytest
+import torch
+import transformers
 
+from properties import check_model
+from properties.cost import COST_COLUMNS
+from reports.bench.core import interleaved_times, paired_ratio
 from reports.bench.suite import format_table, run_suite
-from tests.bench.common import FULL
+from tests.bench.common import FULL, report
 
 pytestmark = pytest.mark.bench
 
@@ -32,3 +40,39 @@ def test_benchmark_table(benchmark):
     assert checks["bridge_logprob_max_abs"] < 1e-4  # same weights, float32, different kernels
     memory = df[df["name"].str.contains("bytes kept")].iloc[0]
     assert memory["ratio"] == 1.0, memory["note"]
+
+
+# --- check_model at a real model's shape (issue 19 item 5) ---------------------------------------------------------
+# full mode: GPT-2 small's shape (12 layers x 12 heads, d 768, vocab 50257, n_ctx 1024; random weights, float32), the
+# issue's goal <= 30 s on 2 cores; short mode (CI): 2 layers, d 128, vocab 1000. Side by side with one no-grad forward
+# pass of the same model on 8 x 128 tokens, so the figure "check_model costs N forward passes" survives a loaded
+# machine; the machine's load (uptime) is printed with it. Not asserted against the goal: a timed test flakes.
+SUITE_SHAPE = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024) if FULL else \
+    dict(n_layer=2, n_head=4, n_embd=128, vocab_size=1000, n_positions=256)
+
+
+def test_check_model_at_gpt2_shape(benchmark):
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**SUITE_SHAPE)).eval()
+    tokens = torch.randint(0, SUITE_SHAPE["vocab_size"], (8, 128), generator=torch.Generator().manual_seed(0))
+    frames = []
+
+    def suite():
+        frames.append(check_model(model, max_examples=25))  # the ci profile's count, as `attnlab check` runs
+
+    def forward():
+        with torch.no_grad():
+            model(tokens)
+
+    times = interleaved_times({"check_model": suite, "forward": forward}, rounds=2 if FULL else 1, warmup=0)
+    table = frames[-1]
+    print("\n" + table[["property", "status", "ratio", *COST_COLUMNS]].to_string(index=False))
+    load = os.getloadavg()[0]
+    report(benchmark, f"check_model GPT-2 {'small' if FULL else 'L2 d128'} shape, 25 examples (load {load:.1f})",
+           check_model_s=statistics.median(times["check_model"]), forward_s=statistics.median(times["forward"]),
+           forward_passes=paired_ratio(times, "check_model", "forward"),
+           model_passes=float(table["model_passes"].sum()), twin_passes=float(table["twin_passes"].sum()), load=load)
+    benchmark.pedantic(forward, rounds=1, iterations=1)
+    failed = table[table.status == "fail"]
+    assert failed.empty, failed[["property", "worst", "counterexample"]].to_dict("records")  # no false alarm
+    assert (table.loc[table.status == "pass", "model_passes"] > 0).all()  # every row that ran says what it cost
