@@ -21,16 +21,16 @@ CELLS = {"fail": "caught", "pass": "-", "n/a": "n/a", "unobservable": "unobs."}
 
 
 def loaded_in(hf: Any, dtype: Optional[str]) -> Any:
-    """``hf`` in ``dtype`` as ``from_pretrained(dtype=...)`` loads a checkpoint: every parameter and buffer cast,
-    except the rotary ``inv_freq`` tables, which stay float32 (a plain ``.to(dtype)`` rounds them too:
-    transformers #25681, the live finding of tests/test_field_bugs.py)."""
+    """``hf`` in ``dtype`` as ``from_pretrained(dtype=...)`` loads a checkpoint: the same class built anew from its
+    config at ``dtype`` (buffers made at init keep the dtype the modeling code gives them: rotary ``inv_freq``
+    and CodeGen's ``embed_positions`` stay float32, XGLM's sinusoidal table follows the dtype), then the
+    weights loaded into it. A plain ``.to(dtype)`` rounds every buffer (transformers #25681, the live finding
+    of tests/test_field_bugs.py)."""
     if dtype is None or dtype == "float32":
         return hf
-    kept = {(m, n): b.clone() for m in hf.modules() for n, b in m.named_buffers(recurse=False) if "inv_freq" in n}
-    hf = hf.to(getattr(torch, dtype))
-    for (module, name), buffer in kept.items():
-        setattr(module, name, buffer)
-    return hf
+    built = type(hf)._from_config(hf.config, dtype=getattr(torch, dtype))
+    built.load_state_dict(hf.state_dict())
+    return built.eval()
 
 
 def protocol_model(bug: FieldBug, dtype: Optional[str] = None):
