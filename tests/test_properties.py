@@ -73,7 +73,7 @@ def test_same_seed_same_table_and_shrunk_counterexample():
     mutant = next(m for m in MUTANTS if m.name == "missing_scale")
     a = check_model(mutant.build(), seed=3, max_examples=FAST, properties=["attention_scale"])
     b = check_model(mutant.build(), seed=3, max_examples=FAST, properties=["attention_scale"])
-    assert a.equals(b)
+    assert a.drop(columns="seconds").equals(b.drop(columns="seconds"))  # all but the wall clock
     # hypothesis shrinks to a single token at offset 0: the smallest input that shows the scale
     assert a.counterexample[0].startswith("tokens=[[0]] position_offset=0")
 
