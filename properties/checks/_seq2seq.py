@@ -97,3 +97,14 @@ def key_coverage(pattern: Tensor, scores: Tensor, query_real: Tensor, key_real: 
         return HIDDEN, (f"head {h}: real query {q} puts weight 0 on real key {k} (row {b}), whose score "
                         f"{fmt(float(s[b, h, q, k]))} does not underflow: the key is masked out")
     return 0.0, ""
+
+
+def worst_coverage(acts: dict[str, Tensor], names: list[str], query_real: Tensor, key_real: Tensor,
+                   label: str) -> tuple[float, str]:
+    """The largest :func:`key_coverage` deviation over the layers whose (scores, pattern) hooks ``names`` pairs."""
+    worst, where = 0.0, ""
+    for layer in range(len(names) // 2):
+        dev, text = key_coverage(acts[names[2 * layer + 1]], acts[names[2 * layer]], query_real, key_real)
+        if dev > worst:
+            worst, where = dev, f"{label.format(layer=layer)} {text}"
+    return worst, where

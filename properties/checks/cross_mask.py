@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.protocol import forward_capture
-from properties.checks._seq2seq import WHEN_DOC, SourceExample, key_coverage, seq2seq_only, source_examples
+from properties.checks._seq2seq import WHEN_DOC, SourceExample, seq2seq_only, source_examples, worst_coverage
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 
 
@@ -27,11 +27,7 @@ def cross_attention_pattern(case: Case) -> Plan:
         _, acts = forward_capture(model, ex.tokens, inputs=ex.inputs(), capture=names)
         keys = ex.source.mask.bool()
         queries = torch.ones_like(ex.tokens, dtype=torch.bool)
-        worst, where = 0.0, "every decoder query sees every real source position and no pad"
-        for layer in range(len(names) // 2):
-            dev, text = key_coverage(acts[names[2 * layer + 1]], acts[names[2 * layer]], queries, keys)
-            if dev > worst:
-                worst, where = dev, f"decoder layer {layer} cross-attention {text}"
-        return worst, where
+        worst, where = worst_coverage(acts, names, queries, keys, "decoder layer {layer} cross-attention")
+        return worst, where or "every decoder query sees every real source position and no pad"
 
     return Plan(source_examples(case.cfg), measure, SourceExample.describe)

@@ -8,9 +8,9 @@ by mistake hides the later real keys (score ``-inf``); one that ignores the mask
 
 from __future__ import annotations
 
-from harness.adapters.protocol import forward_capture
 from harness.model.protocol_facts import encoder_hook
-from properties.checks._seq2seq import WHEN_DOC, SourceExample, key_coverage, seq2seq_only, source_examples
+from properties.checks._seq2seq import WHEN_DOC, SourceExample, seq2seq_only, source_examples, worst_coverage
+from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 
 
@@ -30,11 +30,7 @@ def encoder_bidirectional(case: Case) -> Plan:
     def measure(ex: SourceExample):
         _, acts = forward_capture(model, ex.tokens, inputs=ex.inputs(), capture=names)
         real = ex.source.mask.bool()
-        worst, where = 0.0, "every real source token sees every real one and no pad"
-        for layer in range(len(names) // 2):
-            dev, text = key_coverage(acts[names[2 * layer + 1]], acts[names[2 * layer]], real, real)
-            if dev > worst:
-                worst, where = dev, f"encoder layer {layer} {text}"
-        return worst, where
+        worst, where = worst_coverage(acts, names, real, real, "encoder layer {layer}")
+        return worst, where or "every real source token sees every real one and no pad"
 
     return Plan(source_examples(case.cfg), measure, SourceExample.describe)
