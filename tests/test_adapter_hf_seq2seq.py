@@ -219,3 +219,25 @@ def test_every_applicable_row_passes(kind):
     status = rows(frame)
     assert {status[name] for name in CROSS_ROWS} == {"pass"}
     assert {name: s for name, s in status.items() if s not in ("pass", "n/a")} == {}
+
+
+@pytest.mark.parametrize("model_type, class_name", [
+    ("switch_transformers", "SwitchTransformersForConditionalGeneration"),  # its encoder raises on use_cache=True
+    ("nllb-moe", "NllbMoeForConditionalGeneration"),  # reads encoder_outputs.router_logits
+    ("t5gemma", "T5GemmaForConditionalGeneration"),  # reads encoder_outputs.last_hidden_state
+])
+def test_cached_decoding_hands_the_decoder_the_encoders_own_output(model_type, class_name):
+    """The census's switch_transformers, nllb-moe and t5gemma rows: the first cached call encodes the source with
+    the encoder alone, as generate() does, so each decoder gets the output object it reads; before, a tuple (or
+    use_cache reaching Switch's encoder) raised inside the adapter."""
+    from reports.census.shrink import build
+
+    model = build(model_type, class_name).eval()
+    adapter = adapt(model)
+    vocab = adapter.cfg.d_vocab
+    src, tok = torch.tensor([[3, 4, 5, 6]]) % vocab, torch.tensor([[2, 3, 4]]) % vocab
+    with torch.no_grad():
+        first, past = adapter.forward_with_cache(tok[:, :2], source_tokens=src)
+        second, _ = adapter.forward_with_cache(tok[:, 2:], past=past)
+        full = adapter(tok, source_tokens=src)
+    torch.testing.assert_close(torch.cat((first, second), 1), full, atol=1e-5, rtol=1e-5)

@@ -365,7 +365,7 @@ class HFSeq2SeqAdapter(HFAdapter):
         self._batch = tokens.shape[0]
         if past is None:
             source, src_mask = self._source(tokens.shape[0], tokens.device, source_tokens, source_mask)
-            kwargs.update(input_ids=source, cache=None)
+            kwargs.update(cache=None)
             mask = new
         else:
             if source_tokens is not None or source_mask is not None:
@@ -375,14 +375,21 @@ class HFSeq2SeqAdapter(HFAdapter):
             kwargs.update(encoder_outputs=past.encoder_outputs, cache=past.cache)
         try:
             if past is None:
+                # the source is encoded once, by the encoder alone, and handed to the decoder as generate() does
+                # (GenerationMixin._prepare_encoder_decoder_kwargs_for_generation): the encoder's own output type
+                # (NLLB-MoE reads its router_logits), and no use_cache reaches it (Switch's encoder raises on one)
                 self._impose(ENCODER, src_mask, 0, src_mask.shape[1])
+                kwargs["encoder_outputs"] = self.hf_model.get_encoder()(input_ids=source, attention_mask=src_mask,
+                                                                        return_dict=True)
             self._impose(DECODER, mask, 0, tokens.shape[1])
             out = self.hf_model(attention_mask=src_mask, decoder_input_ids=tokens, decoder_attention_mask=mask,
                                 **kwargs)
         finally:
             self._ids = {ENCODER: None, DECODER: None}
         cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
-        encoded = past.encoder_outputs if past is not None else (out.encoder_last_hidden_state,)
+        # the encoder's own output object, not a tuple: T5Gemma and NLLB-MoE read ``encoder_outputs.last_hidden_state``
+        # (and NLLB-MoE ``.router_logits``) and raised AttributeError on a tuple (census: t5gemma, nllb-moe)
+        encoded = past.encoder_outputs if past is not None else kwargs["encoder_outputs"]
         return out.logits, _Past(cache, encoded, src_mask, mask)
 
 
