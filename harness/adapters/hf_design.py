@@ -262,6 +262,20 @@ def _sinks(attn_modules: list[Optional[nn.Module]]) -> Optional[tuple[bool, ...]
     return found if any(found) else None
 
 
+def _absolute_query_scale(module: Any) -> Optional[str]:
+    """The position-dependent query scale the modeling code applies, named (``DesignFacts.absolute_query_scale``).
+
+    Beam's modeling module defines ``compute_attention_scaling(position_ids)`` (scalable softmax on its layers
+    without RoPE) and its model's forward calls it once per such layer type.
+    """
+    if module is None or not callable(getattr(module, "compute_attention_scaling", None)):
+        return None
+    if not _calls(module, "compute_attention_scaling"):
+        return None
+    doc = (inspect.getdoc(module.compute_attention_scaling) or "").split("\n")[0]
+    return f"{module.__name__.rsplit('.', 1)[-1]}.compute_attention_scaling" + (f": {doc}" if doc else "")
+
+
 def _bos(config: Any) -> Optional[int]:
     bos = getattr(config, "bos_token_id", None)
     bos = bos[0] if isinstance(bos, (list, tuple)) and bos else bos
@@ -358,6 +372,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
         bos_token_id=_bos(config), attention_sinks=_sinks(attn_modules),
+        absolute_query_scale=_absolute_query_scale(module),
     )
 
 

@@ -168,6 +168,21 @@ def _set_kernel(hf_model: Any, name: str) -> None:
                            f"({str(exc).splitlines()[0]}); expected e.g. 'sdpa' or 'eager'") from None
 
 
+def _experts_for(hf_model: Any, dt: Optional[torch.dtype]) -> None:
+    """A float64 copy of a mixture-of-experts model runs its experts through transformers' eager loop.
+
+    transformers' default experts kernel, ``grouped_mm`` (transformers/integrations/moe.py), calls
+    ``torch.nn.functional.grouped_mm``, which takes float32/bfloat16/float16 only: a float64 copy raised
+    "Expected mat_a to be Float32, BFloat16 or Float16 matrix, got Double" (census: beam, deepseek_v4), so
+    such a model lost its float64 twin. The eager loop computes the same sum over the routed experts' FFNs.
+    """
+    config = getattr(hf_model, "config", None)
+    if dt != torch.float64 or getattr(config, "_experts_implementation", None) in (None, "eager"):
+        return
+    if hasattr(hf_model, "set_experts_implementation"):
+        hf_model.set_experts_implementation("eager")
+
+
 def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
            attn_implementation: Optional[str] = None) -> Any:
     """``model`` behind the protocol at ``dtype``/``device``/``attn_implementation``; a copy when anything changes.
@@ -199,6 +214,7 @@ def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
     if isinstance(model, HFAdapter):
         twin = _copy_hf(model.hf_model)
         twin.to(device=dev, dtype=dt)
+        _experts_for(twin, dt)
         if kernel is not None:
             _set_kernel(twin, kernel)
         return type(model)(twin)  # HFAdapter or its encoder-decoder subclass

@@ -9,6 +9,8 @@ depends on position at all. Offsets reach ``MAX_OFFSET = 256`` or as far as posi
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, scaled_deviation, tokens_and_offset
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
@@ -17,9 +19,17 @@ from properties.search import offset_text
 MAX_OFFSET = 256
 
 
+def _scale_by_position(model: Any) -> Optional[str]:
+    """n/a where the model declares a query scale by absolute position (``DesignFacts.absolute_query_scale``)."""
+    scale = getattr(model.cfg, "absolute_query_scale", None)
+    return None if scale is None else (f"queries are scaled by their absolute position by design ({scale}): "
+                                       "logits are not a function of relative positions alone")
+
+
 @model_property(name="relative_position", order=90, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE,
-                applies=Applies(positional=("rotary", "alibi", "none"), min_ctx=2))
+                applies=Applies(positional=("rotary", "alibi", "none"), min_ctx=2, when=_scale_by_position,
+                                when_doc="no query scale by absolute position declared"))
 def relative_position(case: Case) -> Plan:
     """``forward(tokens, position_offset=c) == forward(tokens)`` for rotary, ALiBi and position-free models."""
     model = case.model
