@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -69,11 +70,11 @@ def one_line(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _exc(exc: BaseException) -> str:
+def exc_line(exc: BaseException) -> str:
     return one_line(f"{type(exc).__name__}: {exc}")
 
 
-def _plain_kwargs(mt: ModelType) -> dict[str, Any]:
+def plain_kwargs(mt: ModelType) -> dict[str, Any]:
     return {"decoder_input_ids": PLAIN[:, :2]} if mt.task == "seq2seq_lm" else {}
 
 
@@ -106,7 +107,7 @@ def _mixer_name(layer: nn.Module) -> str:
     return type(layer).__name__
 
 
-def _multimodal(model: Any) -> Optional[str]:
+def multimodal(model: Any) -> Optional[str]:
     """The text config's class where the model wraps a text model inside a multimodal one, else None."""
     config = model.config
     text = config.get_text_config()
@@ -118,53 +119,79 @@ def _hook_kinds(fired: set[str]) -> list[str]:
     return sorted(kinds)
 
 
-def classify(mt: ModelType, result: Optional[Result] = None) -> Result:
+def classify(mt: ModelType, result: Optional[Result] = None,
+             stages: Optional[Callable[[ModelType, Result], None]] = None) -> Result:
     """The census result of ``mt``; never raises for anything the model, its config or the adapter does.
 
-    ``result`` is filled in place (a caller that interrupts it, e.g. on a timeout, still reads its stage).
+    ``result`` is filled in place (a caller that interrupts it, e.g. on a timeout, still reads its stage);
+    ``stages`` fills it (default: the raw census's; reports/census/bridge.py passes the bridge's).
     """
     start = time.perf_counter()
     result = result if result is not None else Result(mt.name, mt.task, mt.class_name)
     try:
-        _classify(mt, result)
+        (stages or _classify)(mt, result)
     finally:
         result.seconds = round(time.perf_counter() - start, 2)
     return result
 
 
 def _classify(mt: ModelType, r: Result) -> None:
+    prepared = prepare(mt, r)
+    if prepared is None:
+        return
+    model, seq2seq, hybrid = prepared
+    r.stage = "adapter"
+    try:
+        adapter = adapt(model)  # HFAdapter, or HFSeq2SeqAdapter for an encoder-decoder
+        r.route = adapter.route
+    except Exception as exc:
+        r.category, r.reason = "unsupported", f"{ENC_DEC if seq2seq else 'HFAdapter'}: {exc_line(exc)}"
+        return
+    check(adapter, r, ENC_DEC if seq2seq else "HFAdapter", multimodal(model), hybrid,
+          {p: f.summary for p, f in findings.for_type(mt.name).items()})
+
+
+def prepare(mt: ModelType, r: Result) -> Optional[tuple[nn.Module, bool, Optional[str]]]:
+    """Build ``mt`` tiny, run it on a plain input and find its attention layers: ``(model, seq2seq, hybrid)``,
+    where ``hybrid`` names the other mixers (None when every layer attends); None when a stage already gave
+    ``r`` its category (unsupported, transformers fails, no attention). The bridge census shares these stages."""
     try:
         model = build(mt.name, mt.class_name)
     except Exception as exc:  # the shrunk config or the model cannot be built: its row says so, the census goes on
-        r.category, r.reason = "unsupported", f"the census cannot build a tiny {mt.class_name}: {_exc(exc)}"
-        return
+        r.category, r.reason = "unsupported", f"the census cannot build a tiny {mt.class_name}: {exc_line(exc)}"
+        return None
     r.stage = "raw forward"
     try:
         with torch.no_grad():
-            model(input_ids=PLAIN, **_plain_kwargs(mt))
+            model(input_ids=PLAIN, **plain_kwargs(mt))
     except Exception as exc:
-        r.category, r.reason = "transformers fails", f"{mt.class_name} on a plain input ({PLAIN.tolist()}): {_exc(exc)}"
-        return
+        r.category = "transformers fails"
+        r.reason = f"{mt.class_name} on a plain input ({PLAIN.tolist()}): {exc_line(exc)}"
+        return None
     seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))  # HFSeq2SeqAdapter (harness.adapters.adapt)
     attn, others = ([0], []) if seq2seq else mixers(model)
     if not attn:
         r.category = "no attention"
         r.reason = "no attention module in its blocks: " + (", ".join(others) or "no block stack found")
-        return
-    r.stage = "adapter"
+        return None
     hybrid = f"attention layers {attn} checked; {', '.join(others)} in the others" if others else None
+    return model, seq2seq, hybrid
+
+
+def check(adapter: Any, r: Result, label: str, text_config: Optional[str], hybrid: Optional[str],
+          documented: Mapping[str, str]) -> None:
+    """Run the property suite on ``adapter`` (a protocol model, named ``label`` in a reason) and give ``r`` its
+    category; ``documented`` maps a property to the summary of its witnessed finding on this model type."""
     try:
-        adapter = adapt(model)  # HFAdapter, or HFSeq2SeqAdapter for an encoder-decoder
-        r.route = adapter.route
         r.hooks = _hook_kinds(observed_hooks(adapter))
     except Exception as exc:
-        r.category, r.reason = "unsupported", f"{ENC_DEC if seq2seq else 'HFAdapter'}: {_exc(exc)}"
+        r.category, r.reason = "unsupported", f"{label}: {exc_line(exc)}"
         return
     r.stage = "check"
     try:
         frame = props.check_model(adapter, seed=0, max_examples=MAX_EXAMPLES)
     except Exception as exc:
-        r.category, r.reason = "unsupported", f"check_model raised {_exc(exc)}"
+        r.category, r.reason = "unsupported", f"check_model raised {exc_line(exc)}"
         return
     r.stage = "done"
     r.rows = {row.property: row.status for row in frame.itertuples()}
@@ -172,18 +199,18 @@ def _classify(mt: ModelType, r: Result) -> None:
                   if row.status == "fail"}
     reasons = {row.property: one_line(str(row.reason), 120) for row in frame.itertuples()
                if row.status == "unobservable"}
-    _verdict(r, reasons, _multimodal(model), hybrid)
+    _verdict(r, reasons, text_config, hybrid, documented)
 
 
-def _verdict(r: Result, unobservable: dict[str, str], text_config: Optional[str], hybrid: Optional[str]) -> None:
-    documented = findings.for_type(r.model_type)
+def _verdict(r: Result, unobservable: dict[str, str], text_config: Optional[str], hybrid: Optional[str],
+             documented: Mapping[str, str]) -> None:
     untriaged = sorted(p for p in r.failures if p not in documented)
     if untriaged:
         r.category = "untriaged"
         r.reason = "failed without a witness: " + "; ".join(f"{p}: {r.failures[p]}" for p in untriaged)
     elif r.failures:
         r.category = "finding"
-        r.reason = "; ".join(f"{p}: {documented[p].summary}" for p in sorted(r.failures))
+        r.reason = "; ".join(f"{p}: {documented[p]}" for p in sorted(r.failures))
     elif hybrid is not None or text_config is not None:
         r.category = "hybrid" if hybrid is not None else "multimodal wrapper"
         r.reason = hybrid or f"the text model ({text_config}) checked through the wrapper's forward"
