@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Optional, ParamSpec, TypeVar
+from typing import Any, Optional, ParamSpec, TypeVar, cast
 
 import pandas as pd
 import torch
@@ -30,15 +30,18 @@ from harness._checks import (
 from harness.adapters.bridge import BridgeAdapter, is_bridge
 from harness.adapters.entry import describe
 from harness.adapters.placement import placed, placement_of
-from harness.adapters.protocol import AnyModel, check_protocol
+from harness.adapters.protocol import AnyModel, check_protocol, is_encoder_decoder
 from harness.errors import AttnlabError, AttnlabTypeError
-from harness.model.inputs import check_mask, check_tokens
+from harness.model.inputs import check_mask, check_source, check_tokens
+from harness.model.protocol_facts import SOURCE_INPUTS, cross_attn_hook, encoder_hook
 
 METHODS = ("ablation", "mean_ablation", "gradient", "attribution", "l0_gates")
 ORDERS = ("importance", "random")
 METRICS = ("pattern", "output")
 # The keywords every public probe takes for where the model runs (harness.adapters.placed).
 PLACEMENT = ("dtype", "device", "attn_implementation")
+# The kinds of heads of an encoder-decoder (Vaswani et al. 2017, Fig. 1), in the order of a head mask's rows.
+KINDS = ("encoder", "decoder", "cross")
 
 
 def z_hook(layer: int) -> str:
@@ -90,7 +93,16 @@ def takes_any_model(probe: Callable[P, R]) -> Callable[P, R]:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the probes read from a protocol model."""
+    """What the probes read from a protocol model.
+
+    ``n_layers`` is the number of rows of a head mask ``[n_layers, n_heads]``: a model's layers, or, for an
+    encoder-decoder probed over all its heads (``model_info(all_heads=True)``), one row per attention layer of
+    each kind: the encoder's self-attention layers, then the decoder's, then its cross-attention layers
+    (:data:`KINDS`). Per row: ``z_hooks`` gates it, ``kinds``/``layers`` name it (``kinds`` is empty for a
+    decoder-only view), ``starts`` is the first decoder layer whose output a change of that row moves (prefix
+    reuse starts there) and ``reruns`` says whether the row runs again on every pass whatever layer the pass
+    starts at (the encoder: the forward encodes the source on every call).
+    """
 
     n_layers: int
     n_heads: int
@@ -101,10 +113,50 @@ class ModelInfo:
     prefix_reuse: bool  # forward(..., stop_at_layer=, start_at_layer=) skips the layers before the start
     hook_points: dict = field(default_factory=dict, compare=False, repr=False)  # name -> HookPoint
     d_model: int = 0  # sizes a backward pass's activations (probes.gates.grad_rows); 0: unknown
+    z_hooks: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    layers: tuple[int, ...] = ()
+    starts: tuple[int, ...] = ()
+    reruns: tuple[bool, ...] = ()
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """Whether the mask rows cover an encoder-decoder's three kinds of heads (its forward takes a source)."""
+        return bool(self.kinds)
+
+    @property
+    def depth(self) -> int:
+        """The layers ``forward(start_at_layer=)`` counts: the model's, or the decoder's of an encoder-decoder."""
+        return max(self.starts) + 1 if self.starts else self.n_layers
+
+    def head_labels(self) -> list[str]:
+        """``L{layer}H{head}`` per head in flat order; an encoder-decoder's ``enc L0H1``, ``L1H2``, ``xL1H2``."""
+        prefix = {"encoder": "enc ", "decoder": "", "cross": "x"}
+        kinds = self.kinds or ("decoder",) * self.n_layers
+        layers = self.layers or tuple(range(self.n_layers))
+        return [f"{prefix[k]}L{layer}H{h}" for k, layer in zip(kinds, layers, strict=True) for h in range(self.n_heads)]
 
 
-def model_info(model: AnyModel, *, need_pattern: bool = False) -> ModelInfo:
-    """Check ``model`` follows the model protocol far enough for the probes, and describe it."""
+def _rows(cfg: Any, all_heads: bool, encoder_decoder: bool) -> dict[str, tuple]:
+    """The head-mask rows of ``model_info``: one per layer, or per attention layer of each kind."""
+    L = cfg.n_layers
+    if not (all_heads and encoder_decoder):
+        return dict(z_hooks=tuple(z_hook(layer) for layer in range(L)), kinds=(), layers=tuple(range(L)),
+                    starts=tuple(range(L)), reruns=(False,) * L)
+    E = cfg.n_encoder_layers
+    names = [encoder_hook(layer, "attn.hook_z") for layer in range(E)] + [z_hook(layer) for layer in range(L)] + \
+        [cross_attn_hook(layer, "hook_z") for layer in range(L)]
+    return dict(z_hooks=tuple(names), kinds=("encoder",) * E + ("decoder",) * L + ("cross",) * L,
+                layers=(*range(E), *range(L), *range(L)), starts=(0,) * E + (*range(L), *range(L)),
+                reruns=(True,) * E + (False,) * (2 * L))
+
+
+def model_info(model: AnyModel, *, need_pattern: bool = False, all_heads: bool = False) -> ModelInfo:
+    """Check ``model`` follows the model protocol far enough for the probes, and describe it.
+
+    ``all_heads``: an encoder-decoder's head masks cover its encoder self-attention, decoder self-attention
+    and cross-attention heads (each gated through its own ``hook_z``); otherwise, and on every decoder-only
+    model, the rows are ``blocks.{l}.attn.hook_z``."""
     if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "hooks", None)):
         raise AttnlabTypeError(f"model must be a hooked torch.nn.Module (HookedRootModule or TransformerBridge) with a "
                                f"hooks() context manager, got {type(model).__name__}")
@@ -119,14 +171,20 @@ def model_info(model: AnyModel, *, need_pattern: bool = False) -> ModelInfo:
     check_protocol(BridgeAdapter(model) if is_bridge(model) else model, hooks=False, forward=False)
     cfg = model.cfg
     values = {name: getattr(cfg, name) for name in ("n_layers", "n_heads", "d_vocab")}
-    needed = [z_hook(layer) for layer in range(values["n_layers"])]
+    seq2seq = is_encoder_decoder(model)
+    if all_heads and seq2seq and not isinstance(getattr(cfg, "n_encoder_layers", None), int):
+        raise AttnlabTypeError(f"model {type(model).__name__} declares cfg.is_encoder_decoder but no integer "
+                               f"cfg.n_encoder_layers: expected the encoder's depth")
+    rows = _rows(cfg, all_heads, seq2seq)
+    needed = list(rows["z_hooks"])
     if need_pattern:
         needed += [pattern_hook(layer) for layer in range(values["n_layers"])]
     missing = [name for name in needed if name not in hook_dict]
     if missing:
         raise AttnlabTypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: the probes "
                                f"gate heads on "
-                        f"blocks.{{l}}.attn.hook_z and read blocks.{{l}}.attn.hook_pattern")
+                        f"blocks.{{l}}.attn.hook_z (an encoder-decoder's also on encoder.blocks.{{l}}.attn.hook_z "
+                        f"and blocks.{{l}}.cross_attn.hook_z) and read blocks.{{l}}.attn.hook_pattern")
     attention_dir = getattr(cfg, "attention_dir", "causal")
     try:
         params = inspect.signature(model.forward).parameters
@@ -134,13 +192,14 @@ def model_info(model: AnyModel, *, need_pattern: bool = False) -> ModelInfo:
         params = MappingProxyType({})
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     return ModelInfo(
-        n_layers=values["n_layers"], n_heads=values["n_heads"], d_vocab=values["d_vocab"],
+        n_layers=len(rows["z_hooks"]), n_heads=values["n_heads"],
+        d_vocab=values["d_vocab"],
         causal=attention_dir != "bidirectional", device=device,
         takes_attention_mask="attention_mask" in params,
         # TransformerLens's bridge re-runs blocks 0..k-1 under start_at_layer, so reuse saves nothing there
         prefix_reuse="start_at_layer" in params and "stop_at_layer" in params and not is_bridge(model),
         hook_points={name: hook_dict[name] for name in needed},
-        d_model=int(getattr(cfg, "d_model", 0) or 0),
+        d_model=int(getattr(cfg, "d_model", 0) or 0), **rows,
     )
 
 
@@ -155,6 +214,9 @@ class ProbeData:
     tokens: Int[Tensor, "n pos"]
     attention_mask: Optional[Bool[Tensor, "n pos"]]  # None: every token real
     weights: Float[Tensor, "n pos-1"]
+    # an encoder-decoder's source (the forward's source_tokens/source_mask); None: the model's default source
+    source_tokens: Optional[Int[Tensor, "n src_pos"]] = None
+    source_mask: Optional[Bool[Tensor, "n src_pos"]] = None  # None: every source token real
 
     @property
     def n(self) -> int:
@@ -170,13 +232,24 @@ class ProbeData:
             return torch.ones_like(self.tokens, dtype=torch.bool)
         return self.attention_mask
 
+    def source(self, rows: slice | Tensor) -> dict[str, Tensor]:
+        """The forward's source keywords for ``rows`` of the data (empty without a source)."""
+        if self.source_tokens is None:
+            return {}
+        out = {SOURCE_INPUTS[0]: self.source_tokens[rows]}
+        if self.source_mask is not None:
+            out[SOURCE_INPUTS[1]] = self.source_mask[rows]
+        return out
+
 
 def probe_data(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention_mask: Any = None,
-            need_loss: bool = True) -> ProbeData:
+            need_loss: bool = True, source_tokens: Any = None, source_mask: Any = None) -> ProbeData:
     """Validate tokens and masks and move them to the model's device.
 
     ``loss_mask[i, t]`` marks token t as a target: it counts when predicted from position t-1
-    (column 0 has no prediction and is ignored). ``None`` counts every target.
+    (column 0 has no prediction and is ignored). ``None`` counts every target. ``source_tokens``
+    ``[n, src_pos]`` and ``source_mask`` (1 real, 0 padding): an encoder-decoder's source, row for row
+    (``tokens`` are then the decoder's input); only for a model ``model_info(all_heads=True)`` read as one.
     """
     check_tokens(tokens, info.d_vocab, min_pos=2 if need_loss else 1)
     shape = tuple(tokens.shape)
@@ -197,7 +270,23 @@ def probe_data(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention
     if need_loss and not bool(target.any()):
         raise AttnlabError("loss_mask selects no target: expected at least one position t >= 1 with loss_mask[:, t]=1 "
                            "(and real tokens at t-1 and t)")
-    return ProbeData(tokens=tokens, attention_mask=am, weights=target.float())
+    src, src_mask = _source(info, source_tokens, source_mask, shape[0])
+    return ProbeData(tokens=tokens, attention_mask=am, weights=target.float(), source_tokens=src, source_mask=src_mask)
+
+
+def _source(info: ModelInfo, source_tokens: Any, source_mask: Any, n: int) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    if source_tokens is None and source_mask is None:
+        return None, None
+    if not info.encoder_decoder:
+        raise AttnlabError("source_tokens/source_mask were given but the model is not an encoder-decoder "
+                           "(cfg.is_encoder_decoder is not True): expected neither")
+    if source_tokens is None:
+        raise AttnlabError("source_mask was given without source_tokens: expected both or neither")
+    mask = check_source(source_tokens, source_mask, n, info.d_vocab)
+    src = cast(Tensor, source_tokens).to(info.device, torch.long)
+    if mask is not None and bool(mask.all()):
+        mask = None  # an all-ones mask is no mask
+    return src, None if mask is None else mask.to(info.device)
 
 
 def check_batch_size(batch_size: Any) -> Optional[int]:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import gates
-from probes._validate import ModelInfo, ProbeData, check_batch_size, model_info, probe_data, takes_any_model, z_hook
+from probes._validate import ModelInfo, ProbeData, check_batch_size, model_info, probe_data, takes_any_model
 
 
 @dataclass
@@ -47,6 +47,7 @@ def attribution(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch
     grad_z: dict[int, Tensor] = {}  # layer -> sum_x w_x dL(x)/dz_x, [pos, n_heads, d_head] float64
     z_sum: dict[int, Tensor] = {}  # layer -> sum over real tokens of z, [pos, n_heads, d_head] float64
     count = torch.zeros(data.pos, dtype=torch.float64, device=info.device)
+    src_count: Optional[Tensor] = None
     n_seqs = 0
 
     def gated(layer: int, gate: Tensor, real: Tensor, seq_w: Tensor) -> Callable:
@@ -63,13 +64,17 @@ def attribution(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch
         return fn
 
     with gates.eval_mode(model), torch.enable_grad():
-        for tok, am, w in gates._chunks(data, gates.grad_rows(batch_size, info, data.pos)):
+        for tok, am, w, src in gates._chunks(data, gates.grad_rows(batch_size, info, data.pos)):
             real = torch.ones(tok.shape, dtype=torch.float64, device=info.device) if am is None else am.double()
             count += real.sum(0)
+            sreal = gates.source_real(info, tok, src)  # an encoder-decoder's encoder rows: the source's positions
+            if sreal is not None:
+                src_count = sreal.sum(0) if src_count is None else src_count + sreal.sum(0)
             gate = torch.ones(tok.shape[0], L, H, device=info.device, requires_grad=True)
             seq_w = w.sum(1)
-            hooks = [(z_hook(layer), gated(layer, gate, real, seq_w.double())) for layer in range(L)]
-            logits = gates.hooked_pass(model, info, tok, am, hooks)
+            hooks = [(info.z_hooks[row], gated(row, gate, cast(Tensor, sreal) if gates.is_encoder_row(info, row)
+                                               else real, seq_w.double())) for row in range(L)]
+            logits = gates.hooked_pass(model, info, tok, am, hooks, source=src)
             nll, _ = gates.token_nll(logits, tok, 1)
             per_seq = (nll[0] * w).sum(1) / seq_w.clamp(min=1)
             (grad,) = torch.autograd.grad(per_seq.sum(), gate)
@@ -79,18 +84,25 @@ def attribution(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch
             signed_sum += (grad * seq_w.double()[:, None, None]).sum(0)
             n_seqs += int(valid.sum())
     total = data.weights.sum().double()
-    means = torch.stack([z_sum[layer] / count.clamp(min=1)[:, None, None] for layer in range(L)])
-    mean_dot = torch.stack([(means[layer] * grad_z[layer]).sum((0, 2)) if layer in grad_z
-                            else torch.zeros(H, dtype=torch.float64, device=info.device) for layer in range(L)])
+    per_row = [z_sum[row] / cast(Tensor, src_count if gates.is_encoder_row(info, row) else count
+                                 ).clamp(min=1)[:, None, None] for row in range(L)]
+    means = gates.stack_rows(per_row)
+    mean_dot = torch.stack([(per_row[row] * grad_z[row]).sum((0, 2)) if row in grad_z
+                            else torch.zeros(H, dtype=torch.float64, device=info.device) for row in range(L)])
     return Attribution(gradient=abs_sum / max(n_seqs, 1), zero_delta=-signed_sum / total,
                        mean_delta=(mean_dot - signed_sum) / total, means=means.float())
 
 
 @takes_any_model
 def attribution_scores(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] = None,
-                       attention_mask: Optional[Tensor] = None, batch_size: Optional[int] = None) -> Attribution:
-    """:func:`attribution` of a model on ``tokens`` (as :func:`probes.head_importance` takes them), validated."""
+                       attention_mask: Optional[Tensor] = None, batch_size: Optional[int] = None,
+                       source_tokens: Optional[Tensor] = None, source_mask: Optional[Tensor] = None) -> Attribution:
+    """:func:`attribution` of a model on ``tokens`` (as :func:`probes.head_importance` takes them), validated.
+
+    An encoder-decoder's rows are its three kinds of heads (``probes._validate.KINDS``: encoder, decoder,
+    cross), given ``source_tokens``/``source_mask`` as :func:`probes.head_importance` takes them."""
     batch_size = check_batch_size(batch_size)
-    info = model_info(model)
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    info = model_info(model, all_heads=True)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
+                      source_mask=source_mask)
     return attribution(cast(ProtocolModel, model), info, data, batch_size=batch_size)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Optional, overload
+from typing import Any, Optional, cast, overload
 
 import torch
 from jaxtyping import Bool, Float, Float64, Int, Shaped
@@ -29,7 +29,7 @@ from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import _shard
-from probes._validate import ModelInfo, ProbeData, z_hook
+from probes._validate import ModelInfo, ProbeData
 
 # Rows x positions per forward pass when the caller gives no batch_size. On a GPU, large passes
 # fill the device (activations stay well under a GiB). On CPU a pass should amortise the per-pass
@@ -97,14 +97,15 @@ def eval_mode(model: AnyModel) -> Iterator[None]:
 
 
 def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
-        start: Optional[int] = None, stop: Optional[int] = None) -> Tensor:
+        start: Optional[int] = None, stop: Optional[int] = None, source: Optional[dict] = None) -> Tensor:
     """One forward pass through the model protocol with temporary forward hooks.
 
     Hooks go straight onto the HookPoints (TransformerLens's ``HookPoint.add_hook``) and exactly
     those are removed afterwards, even on error: ``model.hooks()`` would also sweep every hook
-    point of the model on exit, a cost that dominates small passes.
+    point of the model on exit, a cost that dominates small passes. ``source``: an encoder-decoder's
+    source keywords (:meth:`ProbeData.source`), passed to the forward as they are.
     """
-    kwargs: dict = {}
+    kwargs: dict = dict(source or {})
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
     if start is not None:
@@ -142,14 +143,24 @@ def gate_fn(layer_masks: Tensor, replacement: Optional[Tensor] = None) -> Callab
     return fn
 
 
-def _layer_hooks(masks: Tensor, layers: range, means: Optional[Tensor]) -> list:
-    """Hooks for the layers where some mask removes something; untouched layers get no hook at all."""
+def _row_hooks(info: ModelInfo, masks: Tensor, rows: list[int], means: Optional[Tensor]) -> list:
+    """Hooks for the mask rows where some mask removes something; untouched rows get no hook at all."""
     hooks = []
-    for layer in layers:
-        m = masks[:, layer]
+    for row in rows:
+        m = masks[:, row]
         if bool((m != 1).any()):
-            hooks.append((z_hook(layer), gate_fn(m, None if means is None else means[layer])))
+            hooks.append((info.z_hooks[row], gate_fn(m, None if means is None else means[row])))
     return hooks
+
+
+def _rows_from(info: ModelInfo, layer: int) -> list[int]:
+    """The rows a pass starting at (decoder) layer ``layer`` runs: those from it on, and those that rerun."""
+    return [r for r in range(info.n_layers) if info.starts[r] >= layer or info.reruns[r]]
+
+
+def _rows_at(info: ModelInfo, layer: int) -> list[int]:
+    """The rows a pass of layer ``layer`` alone runs (a prefix residual's step)."""
+    return [r for r in range(info.n_layers) if info.starts[r] == layer or info.reruns[r]]
 
 
 def token_nll(logits: Float[Tensor, "kb pos d_vocab"], tokens: Int[Tensor, "batch pos"], k: int
@@ -170,11 +181,17 @@ def token_nll(logits: Float[Tensor, "kb pos d_vocab"], tokens: Int[Tensor, "batc
     return torch.cat(nll).view(k, b, p - 1), torch.cat(correct).view(k, b, p - 1)
 
 
-def _chunks(data: ProbeData, rows: int) -> Iterator[tuple[Tensor, Optional[Tensor], Tensor]]:
+def _chunks(data: ProbeData, rows: int) -> Iterator[tuple[Tensor, Optional[Tensor], Tensor, dict[str, Tensor]]]:
+    """Slices of the data: tokens, attention mask, loss weights and the source keywords (empty without one)."""
     step = min(data.n, rows)
     for s in range(0, data.n, step):
         am = None if data.attention_mask is None else data.attention_mask[s:s + step]
-        yield data.tokens[s:s + step], am, data.weights[s:s + step]
+        yield data.tokens[s:s + step], am, data.weights[s:s + step], data.source(slice(s, s + step))
+
+
+def repeat_source(source: dict[str, Tensor], k: int) -> dict[str, Tensor]:
+    """The source keywords of a batch repeated ``k`` times, mask-major like the tokens."""
+    return {name: _repeat(t, k) for name, t in source.items()}
 
 
 @overload
@@ -204,7 +221,9 @@ def masked_stats(model: ProtocolModel, info: ModelInfo, data: ProbeData, masks: 
     k = masks.shape[0]
     if info.prefix_reuse:
         differs = (masks != base).any(-1)  # [k, n_layers]
-        first = torch.where(differs.any(1), differs.float().argmax(1), torch.full((k,), L, device=info.device))
+        # the first (decoder) layer a differing row moves: a row's own layer; an encoder row's, layer 0
+        starts = torch.tensor(info.starts, device=info.device)
+        first = torch.where(differs, starts, torch.full_like(starts, info.depth)).amin(1)
     else:
         first = torch.zeros(k, dtype=torch.long, device=info.device)
     groups = [(int(layer), (first == layer).nonzero().flatten()) for layer in torch.unique(first)]
@@ -217,20 +236,23 @@ def masked_stats(model: ProtocolModel, info: ModelInfo, data: ProbeData, masks: 
     passes = [(layer, idx[j:j + per_pass]) for layer, idx in groups for j in range(0, len(idx), per_pass)]
     passes = [p for i, p in enumerate(passes) if _shard.owner(i) == _shard.world()[0]]
     with eval_mode(model), torch.no_grad():
-        for tok, am, w in _chunks(data, rows):
+        for tok, am, w, src in _chunks(data, rows):
             resid: list[Tensor] = []
             if info.prefix_reuse and passes:  # residual entering each needed layer, under the base mask, once
-                resid.append(hooked_pass(model, info, tok, am, [], stop=0))
+                resid.append(hooked_pass(model, info, tok, am, [], stop=0, source=src))
                 for layer in range(max(layer for layer, _ in passes)):
-                    hooks = _layer_hooks(base[None], range(layer, layer + 1), means)
-                    resid.append(hooked_pass(model, info, resid[layer], am, hooks, start=layer, stop=layer + 1))
+                    hooks = _row_hooks(info, base[None], _rows_at(info, layer), means)
+                    resid.append(hooked_pass(model, info, resid[layer], am, hooks, start=layer, stop=layer + 1,
+                                             source=src))
             for layer, sel in passes:
                 kk = len(sel)
-                hooks = _layer_hooks(masks[sel], range(layer, L), means)
+                hooks = _row_hooks(info, masks[sel], _rows_from(info, layer), means)
                 if info.prefix_reuse:
-                    logits = hooked_pass(model, info, _repeat(resid[layer], kk), _repeat(am, kk), hooks, start=layer)
+                    logits = hooked_pass(model, info, _repeat(resid[layer], kk), _repeat(am, kk), hooks, start=layer,
+                                         source=repeat_source(src, kk))
                 else:
-                    logits = hooked_pass(model, info, _repeat(tok, kk), _repeat(am, kk), hooks)
+                    logits = hooked_pass(model, info, _repeat(tok, kk), _repeat(am, kk), hooks,
+                                         source=repeat_source(src, kk))
                 nll, correct = token_nll(logits, tok, kk)
                 loss_sum[sel] += (nll * w).sum((1, 2)).double()
                 correct_sum[sel] += (correct.float() * w).sum((1, 2)).double()
@@ -264,15 +286,43 @@ def masked_stats_until(model: ProtocolModel, info: ModelInfo, data: ProbeData,
     return loss, acc
 
 
+def source_real(info: ModelInfo, tok: Tensor, src: dict[str, Tensor]) -> Optional[Tensor]:
+    """float64 ``[batch, src_pos]``, 1 on the source's real tokens, for a chunk of ``tok``; None for a decoder-only
+    view. Without source keywords the model reads its default source, one token per row."""
+    if not info.encoder_decoder:
+        return None
+    if "source_tokens" not in src:
+        return torch.ones(tok.shape[0], 1, dtype=torch.float64, device=info.device)
+    mask = src.get("source_mask")
+    return torch.ones(src["source_tokens"].shape, dtype=torch.float64, device=info.device) if mask is None \
+        else mask.double()
+
+
+def is_encoder_row(info: ModelInfo, row: int) -> bool:
+    """Whether mask row ``row`` gates encoder heads (whose positions are the source's)."""
+    return bool(info.kinds) and info.kinds[row] == "encoder"
+
+
+def stack_rows(per_row: list[Tensor]) -> Tensor:
+    """``[rows, pos, ...]`` from per-row ``[pos_r, ...]`` tensors, zero-padded to the longest ``pos_r`` (an
+    encoder-decoder's encoder rows span the source's positions, the others the decoder's)."""
+    longest = max(t.shape[0] for t in per_row)
+    return torch.stack([t if t.shape[0] == longest else
+                        torch.cat((t, t.new_zeros(longest - t.shape[0], *t.shape[1:]))) for t in per_row])
+
+
 def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None
                ) -> Float[Tensor, "n_layers pos n_heads d_head"]:
     """Per-position mean of every head's ``hook_z`` over the data's real tokens.
 
     ``[n_layers, pos, n_heads, d_head]``; a position that is padding in every sequence gets 0.
     This is the replacement of mean ablation: the head's output no longer depends on the input.
+    An encoder-decoder's encoder rows average over the real source tokens, per source position
+    (``pos`` is then the longer of the decoder's and the source's, the rest zeros).
     """
     sums: dict[int, Tensor] = {}
     count = torch.zeros(data.pos, dtype=torch.float64, device=info.device)
+    src_count: Optional[Tensor] = None
 
     def capture(layer: int, real: Tensor) -> Callable:
         def fn(z: Tensor, hook: Any) -> None:
@@ -281,14 +331,20 @@ def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_
         return fn
 
     with eval_mode(model), torch.no_grad():
-        for tok, am, _ in _chunks(data, rows_per_pass(batch_size, data.pos, info.device, d_vocab=info.d_vocab)):
+        for tok, am, _, src in _chunks(data, rows_per_pass(batch_size, data.pos, info.device, d_vocab=info.d_vocab)):
             real = torch.ones(tok.shape, dtype=torch.float64, device=info.device) if am is None else am.double()
             count += real.sum(0)
-            hooks = [(z_hook(layer), capture(layer, real)) for layer in range(info.n_layers)]
+            sreal = source_real(info, tok, src)
+            if sreal is not None:
+                src_count = sreal.sum(0) if src_count is None else src_count + sreal.sum(0)
+            hooks = [(info.z_hooks[row], capture(row, cast(Tensor, sreal) if is_encoder_row(info, row) else real))
+                     for row in range(info.n_layers)]
             # only activations are needed: a model that can stop mid-stack skips ln_final and the unembedding
-            hooked_pass(model, info, tok, am, hooks, stop=info.n_layers if info.prefix_reuse else None)
+            hooked_pass(model, info, tok, am, hooks, stop=info.depth if info.prefix_reuse else None, source=src)
     denom = count.clamp(min=1)[:, None, None]
-    return torch.stack([sums[layer] / denom for layer in range(info.n_layers)]).float()
+    src_denom = None if src_count is None else src_count.clamp(min=1)[:, None, None]
+    return stack_rows([sums[row] / (cast(Tensor, src_denom) if is_encoder_row(info, row) else denom)
+                       for row in range(info.n_layers)]).float()
 
 
 def gate_gradients(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, base: Optional[Tensor] = None,
@@ -319,10 +375,10 @@ def gate_gradients(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, ba
         return fn
 
     with eval_mode(model), torch.enable_grad():
-        for tok, am, w in _chunks(data, grad_rows(batch_size, info, data.pos)):
+        for tok, am, w, src in _chunks(data, grad_rows(batch_size, info, data.pos)):
             gates = torch.ones(tok.shape[0], L, H, device=info.device, requires_grad=True)
-            hooks = [(z_hook(layer), gated(layer, gates)) for layer in range(L)]
-            logits = hooked_pass(model, info, tok, am, hooks)
+            hooks = [(info.z_hooks[row], gated(row, gates)) for row in range(L)]
+            logits = hooked_pass(model, info, tok, am, hooks, source=src)
             nll, _ = token_nll(logits, tok, 1)
             seq_w = w.sum(1)
             per_seq = (nll[0] * w).sum(1) / seq_w.clamp(min=1)

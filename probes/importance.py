@@ -103,8 +103,16 @@ def layer_normalize(scores: Tensor) -> Tensor:
 def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, method: str = "ablation",
                     batch_size: Optional[int] = None, normalize: bool = False,
                     attention_mask: Optional[Tensor] = None,
-                    l0_options: Optional[l0_gates.L0Options] = None, heads: Any = None) -> pd.DataFrame:
+                    l0_options: Optional[l0_gates.L0Options] = None, heads: Any = None,
+                    source_tokens: Optional[Tensor] = None, source_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """Importance of every head: ``DataFrame[layer, head, importance, loss_delta]``.
+
+    An encoder-decoder (``cfg.is_encoder_decoder``) has three kinds of heads, and the frame leads with a
+    ``kind`` column: ``encoder`` (the encoder's self-attention), ``decoder`` (the decoder's) and ``cross``
+    (its cross-attention), each gated through its own ``hook_z``, ``layer`` counting within its stack. Its
+    ``tokens`` are the decoder's input and the loss the decoder's NLL of its targets given the source,
+    ``source_tokens`` ``[n, src_pos]`` under ``source_mask`` (1 real, 0 padding; no source: the model's
+    default one). ``heads`` then indexes the rows in that order: encoder layers, decoder, cross.
 
     ``tokens`` ``[n, pos]``; the loss is the next-token cross-entropy over the targets selected by
     ``loss_mask`` (``loss_mask[i, t]`` = 1: token t counts when predicted from position t-1; None:
@@ -123,9 +131,10 @@ def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tens
     check_bool("normalize", normalize)
     batch_size = check_batch_size(batch_size)
     l0 = l0_gates.check_options(l0_options)
-    info = model_info(model)
+    info = model_info(model, all_heads=True)
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
+                      source_mask=source_mask)
     subset = _check_heads(heads, info, method)
     means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
     baseline, extra = None, dict[str, Any]()
@@ -141,7 +150,18 @@ def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tens
         importance = delta
     if normalize:
         importance = layer_normalize(importance)
-    return importance_frame(importance, delta, method=method, normalize=normalize, baseline_loss=baseline, **extra)
+    return with_kinds(importance_frame(importance, delta, method=method, normalize=normalize, baseline_loss=baseline,
+                                       **extra), info)
+
+
+def with_kinds(frame: pd.DataFrame, info: ModelInfo) -> pd.DataFrame:
+    """An encoder-decoder's frame: a leading ``kind`` column and ``layer`` within each kind's stack; any other
+    frame unchanged."""
+    if info.kinds:
+        rows = frame["layer"].to_numpy()
+        frame["layer"] = [info.layers[r] for r in rows]
+        frame.insert(0, "kind", [info.kinds[r] for r in rows])
+    return frame
 
 
 def _check_heads(heads: Any, info: ModelInfo, method: str) -> Optional[Tensor]:

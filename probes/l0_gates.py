@@ -34,7 +34,7 @@ from harness._checks import check_number, check_positive_int, check_seed
 from harness.adapters.protocol import ProtocolModel
 from harness.errors import AttnlabTypeError
 from probes import gates
-from probes._validate import ModelInfo, ProbeData, z_hook
+from probes._validate import ModelInfo, ProbeData
 
 # Louizos et al. 2018, §4 (and Voita et al. 2019, who take them over): temperature and stretch.
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
@@ -118,9 +118,9 @@ def train_gates(model: ProtocolModel, info: ModelInfo, data: ProbeData, options:
             # the noise is drawn in (0, 1) exclusive: log u and log(1 - u) stay finite
             u = torch.rand(rows, L, H, generator=gen).clamp(1e-6, 1 - 1e-6).to(info.device)
             g = sample_gates(log_alpha, u) * base  # one gate sample per sequence, for lower variance
-            hooks = [(z_hook(layer), _gated(layer, g)) for layer in range(L)]
+            hooks = [(info.z_hooks[row], _gated(row, g)) for row in range(L)]
             am = None if data.attention_mask is None else data.attention_mask[pick]
-            logits = gates.hooked_pass(model, info, data.tokens[pick], am, hooks)
+            logits = gates.hooked_pass(model, info, data.tokens[pick], am, hooks, source=data.source(pick))
             nll, _ = gates.token_nll(logits, data.tokens[pick], 1)
             loss = (nll[0] * w).sum() / w.sum().clamp(min=1)
             expected_open = (l0_penalty(log_alpha) * base).sum()
