@@ -217,7 +217,8 @@ class HFAdapter(HookedRootModule):
                 self._handles.append(attn.register_forward_hook(self._leave, always_call=True))
             else:
                 self._handles.append(out.register_forward_pre_hook(self._z_hook(block.attn.hook_z)))
-                self._handles.append(attn.register_forward_hook(self._pattern_hook(block.attn.hook_pattern)))
+                self._handles.append(attn.register_forward_hook(self._pattern_hook(block.attn.hook_pattern,
+                                                                                   self._cfg.n_heads)))
 
     def _table_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         if self._table_ids is None:
@@ -271,11 +272,15 @@ class HFAdapter(HookedRootModule):
         return hook
 
     @staticmethod
-    def _pattern_hook(point: HookPoint) -> Any:
+    def _pattern_hook(point: HookPoint, n_heads: int) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            # read-only: the pattern was already used by the time the module returns it
+            # read-only: the pattern was already used by the time the module returns it. Only a
+            # [batch, n_heads, query, key] square is the protocol's pattern: Longformer's module returns its
+            # banded local attention, [batch, pos, n_heads, 2w + 1], which must not be read as one (the hook
+            # stays silent and the rows that need it say unobservable).
             weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-            if active(point) and isinstance(weights, Tensor) and weights.ndim == 4:
+            if active(point) and isinstance(weights, Tensor) and weights.ndim == 4 and weights.shape[1] == n_heads \
+                    and weights.shape[-1] == weights.shape[-2]:
                 point(weights)
         return hook
 

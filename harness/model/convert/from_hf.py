@@ -21,15 +21,16 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
-from transformers import GPT2LMHeadModel, LlamaForCausalLM
+from transformers import GPT2LMHeadModel, LlamaForCausalLM, MarianMTModel
 
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import ModelConfig
+from harness.model.convert.marian import from_marian
 from harness.model.layers import Block, Norm
 from harness.model.positions import sinusoidal_table
 from harness.model.transformer import TORCH_DTYPES, Transformer
 
-SUPPORTED = ("GPT2LMHeadModel", "LlamaForCausalLM")
+SUPPORTED = ("GPT2LMHeadModel", "LlamaForCausalLM", "MarianMTModel")
 
 # Hugging Face ACT2FN names -> ours. "gelu" is the exact erf GELU; "gelu_new" and
 # "gelu_pytorch_tanh" are both the tanh approximation GPT-2 was trained with (Hendrycks &
@@ -41,12 +42,16 @@ _ACTS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new"
 def from_hf(hf_model: Any) -> Transformer:
     """A :class:`Transformer` computing the same function as ``hf_model``, in eval mode.
 
-    Supports ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` (subclasses included). The result
-    is float32, or float64 when the Hugging Face model is float64 (half-precision weights are
-    upcast, so the result is at least as precise as the source).
+    Supports ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` (subclasses included), and
+    ``MarianMTModel``, which gives an :class:`~harness.model.seq2seq.EncoderDecoder`
+    (:mod:`harness.model.convert.marian`). The result is float32, or float64 when the Hugging Face
+    model is float64 (half-precision weights are upcast, so the result is at least as precise as the source).
     """
     if not isinstance(hf_model, nn.Module):
         raise AttnlabTypeError(f"from_hf expects a Hugging Face nn.Module, got {type(hf_model).__name__}")
+    if isinstance(hf_model, MarianMTModel):
+        params = list(hf_model.parameters())
+        return from_marian(hf_model, "float64" if params and params[0].dtype == torch.float64 else "float32")
     builders: dict[type, tuple[Callable, Callable]] = {
         GPT2LMHeadModel: (_gpt2_config, _gpt2_copy),
         LlamaForCausalLM: (_llama_config, _llama_copy),

@@ -35,12 +35,14 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import ModelConfig
+from harness.model.convert.marian import check_marian, to_marian
 from harness.model.head_mask import head_mask_of
 from harness.model.layers import Block, Norm
 from harness.model.positions import sinusoidal_table
+from harness.model.seq2seq import EncoderDecoder, Seq2SeqConfig
 from harness.model.transformer import TORCH_DTYPES, Transformer
 
-TARGETS = ("gpt2", "llama")
+TARGETS = ("gpt2", "llama", "marian")  # marian: encoder-decoders only (harness.model.convert.marian)
 
 # Ours -> the names transformers' ACT2FN knows for the same function, computed by the same kernel:
 # "gelu_pytorch_tanh" is F.gelu(approximate="tanh"), ours; HF's "gelu_new" spells the formula out and
@@ -80,9 +82,14 @@ def _refuse(name: str, value: Any, target: str, expected: str) -> AttnlabError:
 
 
 def _choose(cfg: ModelConfig, target: Optional[str]) -> str:
+    if isinstance(cfg, Seq2SeqConfig):  # an encoder-decoder has one target, and no decoder-only one
+        if target not in (None, "marian"):
+            raise AttnlabError(f"to_hf: target={target!r} is invalid for an encoder-decoder: expected 'marian' or None")
+        return "marian"
     if target is not None:
-        if target not in TARGETS:
-            raise AttnlabError(f"to_hf: target={target!r} is invalid: expected one of {list(TARGETS)} or None")
+        if target not in TARGETS or target == "marian":
+            raise AttnlabError(f"to_hf: target={target!r} is invalid: expected one of {list(TARGETS[:2])} or None "
+                               "('marian' is for an EncoderDecoder)")
         return target
     pos = cfg.positional_embedding_type
     if pos in ("standard", "sinusoidal", "none"):
@@ -253,12 +260,15 @@ def _llama_copy(model: Transformer, hf: Any) -> None:
 
 
 def check_exportable(cfg: ModelConfig, target: Optional[str] = None) -> str:
-    """The target :func:`to_hf` exports a model of config ``cfg`` to ("gpt2" or "llama"), or an
+    """The target :func:`to_hf` exports a model of config ``cfg`` to ("gpt2", "llama" or "marian"), or an
     ``AttnlabError`` naming the first field no target reproduces; reads only the config."""
     if not isinstance(cfg, ModelConfig):
         raise AttnlabTypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
     target = _choose(cfg, target)
-    _check(cfg, target)
+    if target == "marian":
+        check_marian(cast(Seq2SeqConfig, cfg))
+    else:
+        _check(cfg, target)
     return target
 
 
@@ -266,7 +276,9 @@ def to_hf(model: Transformer, target: Optional[str] = None) -> Any:
     """A Hugging Face model computing the same logits as ``model``, in eval mode, in its dtype.
 
     ``target``: "gpt2", "llama" or None (chosen by the positional embedding: absolute -> GPT-2,
-    rotary -> Llama). Raises ``AttnlabError`` naming the first config field the target cannot
+    rotary -> Llama). An :class:`~harness.model.seq2seq.EncoderDecoder` goes to a ``MarianMTModel``
+    ("marian", the only target for it; what maps and why: :mod:`harness.model.convert.marian`).
+    Raises ``AttnlabError`` naming the first config field the target cannot
     reproduce (e.g. ``positional_embedding_type='alibi'``, ``norm_placement='post'``,
     ``attention_dir='bidirectional'``), before any weight is copied (:func:`check_exportable`).
     """
@@ -274,6 +286,8 @@ def to_hf(model: Transformer, target: Optional[str] = None) -> Any:
         raise AttnlabTypeError(f"to_hf expects a harness.Transformer, got {type(model).__name__}")
     cfg = model.config
     target = check_exportable(cfg, target)
+    if target == "marian":
+        return to_marian(cast(EncoderDecoder, model))
     hf_config = _hf_config(cfg, target)
     # the kernel our unhooked forward runs (eager's explicit softmax differs in the last bits), and the one
     # from_pretrained picks by default, so the export and its reload compute our logits to the bit
