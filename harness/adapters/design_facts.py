@@ -82,6 +82,10 @@ class DesignFacts:
     # beam compute_attention_scaling). The value names the function. Textbook: none (None); relative_position
     # does not apply where it is set.
     absolute_query_scale: Optional[str] = None
+    # A bias b_h(j) added to every score of key j, per head and batch row, computed from the input: Doge's
+    # dynamic mask attention adds exp(A_h * softplus(dt_proj(v_j))) to the scores (Shi et al. 2024, "Trainable
+    # Dynamic Mask Sparse Attention"; transformers' doge prepare_dynamic_mask). Textbook: none (False).
+    key_score_bias: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -373,6 +373,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
         bos_token_id=_bos(config), attention_sinks=_sinks(attn_modules),
         absolute_query_scale=_absolute_query_scale(module),
+        key_score_bias=callable(getattr(attn0, "prepare_dynamic_mask", None)),  # Doge's dynamic mask attention
     )
 
 

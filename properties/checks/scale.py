@@ -10,7 +10,10 @@ the ALiBi bias (Press et al. 2022) for ALiBi models, zero otherwise. ALiBi ``"re
 per-query constant that softmax cannot see, so there residuals are compared after subtracting
 their mean over each query's allowed keys. A declared learned relative bias (``cfg.relative_attention_bias``,
 T5's ``b_h(i - j)``) is unknown to the check: residuals are compared after subtracting their mean over
-each head's allowed entries of one offset i - j, across the batch. The deviation is over
+each head's allowed entries of one offset i - j, across the batch. A declared per-key bias
+(``cfg.key_score_bias``, Doge's dynamic mask ``b_h(j)`` computed from the values) is unknown too:
+residuals are compared after subtracting their mean over each key's allowed queries, per row and
+head (a key seen by one query is then not compared). The deviation is over
 ``max(1, max|s * q.k|, max|bias|)``. Tolerance 1e-4: the two float32 dot products differ by
 summation order, ~d_head * 2^-24 relative. Masked entries must be <= -1e4 (their softmax weight
 then underflows to 0); a masked entry above that counts as its excess over -1e4.
@@ -44,6 +47,11 @@ def _row_centered(x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     count = allowed.sum(-1, keepdim=True).clamp(min=1)
     x = x.where(allowed, x.new_zeros(()))
     return (x - x.sum(-1, keepdim=True) / count).where(allowed, x.new_zeros(()))
+
+
+def _column_centered(x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``x [batch, heads, q, k]`` minus its mean over each key's allowed queries (0 where not allowed)."""
+    return _row_centered(x.transpose(-1, -2), allowed.transpose(-1, -2)).transpose(-1, -2)
 
 
 def _diagonal_centered(x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -85,6 +93,7 @@ def attention_scale(case: Case) -> Plan:
     scales = [design.attn_scale(cfg, layer) for layer in range(cfg.n_layers)]
     cap = design.softcap(cfg)
     relative = getattr(cfg, "relative_attention_bias", False) is True
+    per_key = getattr(cfg, "key_score_bias", False) is True
     if pos_type == "alibi":
         design.alibi_design(cfg)  # a bad declaration is an error before any work
     fit = {layer: [0.0, 0.0] for layer in names}  # least-squares sums: sum(score * qk), sum(qk^2)
@@ -117,6 +126,8 @@ def attention_scale(case: Case) -> Plan:
                 resid, target, qk = (_row_centered(t, allowed) for t in (resid, target, qk))
             if relative:  # the declared bias b_h(i - j) is unknown here: compare modulo it
                 resid, target, qk = (_diagonal_centered(t, allowed) for t in (resid, target, qk))
+            if per_key:  # the declared bias b_h(j), one per row, head and key, is unknown: compare modulo it
+                resid, target, qk = (_column_centered(t, allowed.expand_as(t)) for t in (resid, target, qk))
             if cap is None:
                 sel = allowed.expand_as(qk) & torch.isfinite(target)
                 fit[layer][0] += float((target[sel] * qk[sel]).sum())
@@ -133,7 +144,8 @@ def attention_scale(case: Case) -> Plan:
                          f"(q.k * {fmt(scales[layer])}" + (f", soft-cap {fmt(cap)}" if cap is not None else "")
                          + (f", ALiBi bias {fmt(float(bias[h, i, j]))}" if pos_type == "alibi" else "") + ")"
                          + (" modulo a per-query constant" if modulo_query else "")
-                         + (" modulo a learned bias per head and offset i - j" if relative else ""))
+                         + (" modulo a learned bias per head and offset i - j" if relative else "")
+                         + (" modulo a bias per key" if per_key else ""))
             masked = scores.where(~allowed, scores.new_full((), -math.inf)).nan_to_num(nan=math.inf)
             excess = float(masked.max()) - MASK_CEILING
             if excess > worst:
