@@ -6,8 +6,8 @@ The reference is transformers' own Marian code: the export goes through ``save_p
 Tolerances. The export renames the residual stream's coordinates (Marian's sinusoid layout is sines first, ours
 interleaved), which is exact arithmetic but changes the order of every sum over ``d_model`` (LayerNorm's mean and
 variance, each projection): in float32 that moves logits of magnitude ~5 by a few ulps (3e-6 seen), so 2e-5. In
-float64 the one gap left is Marian's position table, which ``create_weight`` builds through ``torch.FloatTensor`` (float32)
-even in a float64 model: ~1e-8, and below 1e-12 once the table is ours in float64.
+float64 the one gap left is Marian's position table, which ``create_weight`` builds through ``torch.FloatTensor``
+(float32) even in a float64 model: ~1e-8, and below 1e-12 once the table is ours in float64.
 """
 
 from __future__ import annotations
