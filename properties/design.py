@@ -78,6 +78,22 @@ def rotary_design(cfg: Any) -> tuple[int, str, float]:
     return int(dim), style, base
 
 
+def first_rotary_layer(cfg: Any) -> int:
+    """The first layer whose q/k rotate (cfg.rotary_layers; every layer when undeclared).
+
+    The rotary checks read it: every layer before it has no positions (Flint's full layers), so its input
+    does not depend on position, as layer 0's does not in a model that rotates everywhere.
+    """
+    layers = getattr(cfg, "rotary_layers", None)
+    return 0 if not layers else next((i for i, turned in enumerate(layers) if turned), 0)
+
+
+def rotary_hooks(cfg: Any) -> tuple[str, str]:
+    """``hook_rot_q``, ``hook_rot_k`` of :func:`first_rotary_layer`."""
+    layer = first_rotary_layer(cfg)
+    return f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k"
+
+
 def rotary_span(cfg: Any) -> tuple[int, int]:
     """(first rotated feature, rotation direction +1/-1) as declared (cfg.rotary_offset, cfg.rotary_direction)."""
     dim = int(getattr(cfg, "rotary_dim", None) or cfg.d_head)

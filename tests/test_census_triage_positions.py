@@ -48,3 +48,37 @@ def test_a_mixture_of_experts_model_gets_its_float64_twin(beam):
     tokens = torch.tensor([[3, 4, 5]])
     with torch.no_grad():
         torch.testing.assert_close(twin(tokens).float(), beam(tokens), atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def flint():
+    return adapt(build("flint", "FlintForCausalLM").eval())
+
+
+def _rotary_row(model):
+    return properties.check_model(model, properties=["rotary_precision"], max_examples=10).iloc[0]
+
+
+def test_flint_rotates_its_sliding_layers_only(flint):
+    """Flint's full-attention layers use no positions: the adapter sees which layers' rotary function runs,
+    and the rotary checks read the first that does (its input, after NoPE layers only, has no positions)."""
+    layers = flint.cfg.rotary_layers
+    types = flint.hf_model.config.layer_types[:flint.cfg.n_layers]
+    assert layers == tuple(t == "sliding_attention" for t in types) and not layers[0], (layers, types)
+    row = _rotary_row(flint)
+    assert row.status == "pass", row.reason
+    every = _declared(flint, rotary_layers=None)  # read layer 0, which does not rotate: the old false alarm
+    assert _rotary_row(every).status == "fail"
+    wrong = _declared(flint, rotary_base=flint.cfg.rotary_base * 2)  # a wrong rotation on the rotating layer
+    row = _rotary_row(wrong)
+    assert row.status == "fail" and f"layer {layers.index(True)}" in row.counterexample, row.counterexample
+
+
+def _declared(model, **facts):
+    copy = placed(model, dtype="float64")  # a copy whose cfg can be changed; float64: its own twin
+    copy._cfg = dataclasses.replace(copy.cfg, **facts)
+    return copy
+
+
+def test_a_model_that_rotates_every_layer_declares_nothing():
+    assert adapt(build("llama", "LlamaForCausalLM")).cfg.rotary_layers is None

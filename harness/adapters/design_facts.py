@@ -86,6 +86,11 @@ class DesignFacts:
     # dynamic mask attention adds exp(A_h * softplus(dt_proj(v_j))) to the scores (Shi et al. 2024, "Trainable
     # Dynamic Mask Sparse Attention"; transformers' doge prepare_dynamic_mask). Textbook: none (False).
     key_score_bias: bool = False
+    # Per layer: whether its q and k rotate. Flint rotates its sliding-window layers only and gives its full
+    # layers no positions at all (its modeling code: "full-attention layers use no positional encoding").
+    # The HF adapter observes it: the layers whose apply_rotary_pos_emb ran on the smoke pass. Textbook: a
+    # rotary model rotates every layer (None).
+    rotary_layers: Optional[tuple[bool, ...]] = None
 
 
 @dataclass(frozen=True, kw_only=True)

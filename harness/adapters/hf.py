@@ -15,6 +15,7 @@ hooks its modules: wrap a model you do not need unwrapped afterwards, and wrap i
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from typing import Any, Optional, cast
@@ -142,6 +143,7 @@ class HFAdapter(HookedRootModule):
         self._install()
         self.setup()
         self._smoke(arch)
+        self._observe_rotary_layers()
         hf_model.__dict__["_attnlab_adapter"] = self  # not a submodule: no cycle in modules()
 
     @classmethod
@@ -358,6 +360,14 @@ class HFAdapter(HookedRootModule):
         out = self.hf_model(input_ids=tokens, **kwargs)
         cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
         return out.logits, (cache, mask)
+
+    def _observe_rotary_layers(self) -> None:
+        """``cfg.rotary_layers`` from the smoke pass: where some layers' rotary function ran and others' did not."""
+        if self._cfg.positional_embedding_type != "rotary" or len(self._taps) != self._cfg.n_layers:
+            return
+        turned = tuple(tap.rotations > 0 for tap in self._taps)
+        if any(turned) and not all(turned):
+            self._cfg = dataclasses.replace(self._cfg, rotary_layers=turned)
 
     def _smoke(self, arch: str) -> None:
         """A plain two-token forward before any use: a model that raises gets one error naming the exception."""

@@ -49,6 +49,7 @@ class LayerTap:
     rotary: bool
     d_head: int
     explicit_calls: int = 0  # how often the explicit scores were computed (tests: idle hooks stay on the kernel)
+    rotations: int = 0  # how often this layer's apply_rotary_pos_emb ran on whole heads (DesignFacts.rotary_layers)
 
     def active(self, name: str) -> bool:
         return active(self.points[name])
@@ -187,6 +188,7 @@ class RotaryTap:
         tap = CURRENT.get()
         if tap is None or q.shape[-1] != tap.d_head:
             return self.inner(q, k, *args, **kwargs)
+        tap.rotations += 1
         unsqueeze = kwargs.get("unsqueeze_dim", args[2] if len(args) > 2 else 1)
         head_first = unsqueeze == 1  # [batch, heads, pos, d] (the HF default) vs [batch, pos, heads, d]
         if tap.active("hook_q"):

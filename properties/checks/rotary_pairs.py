@@ -27,7 +27,7 @@ NORM_RTOL = 1e-5
                 rule="relative to the head vector's norm: a float32 rotation changes a norm by ~3 * 2^-24",
                 applies=Applies(positional=("rotary",),
                                 reason="positional_embedding_type={cfg.positional_embedding_type!r}"),
-                needs=("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"))
+                needs=design.rotary_hooks, needs_doc="blocks.{first rotary layer}.attn.hook_rot_q, hook_rot_k")
 def rotary_norm(case: Case) -> Plan:
     """The same layer-0 input at two offsets gives equal ``|hook_rot_q|``, ``|hook_rot_k|`` per head and position."""
     model, cfg, names = case.model, case.cfg, list(case.hooks)
@@ -35,7 +35,8 @@ def rotary_norm(case: Case) -> Plan:
     offset, _ = design.rotary_span(cfg)  # the turning direction does not change a norm
     # feeding the second run the first run's layer-0 input makes "the same input" literal, so an
     # absolute position leak (relative_position's business) cannot pose as a norm change
-    resid = "blocks.0.hook_resid_pre"
+    layer = design.first_rotary_layer(cfg)  # the layers before it have no positions (cfg.rotary_layers)
+    resid = f"blocks.{layer}.hook_resid_pre"
     patchable = hook_gap(model, [resid], case.observed) is None
     longest = max(1, min(max_len(cfg), cfg.n_ctx - 1))
 
@@ -69,7 +70,7 @@ def rotary_norm(case: Case) -> Plan:
                 worst = float(err.max())
                 bi, p, h = where_max(err)
                 seen, before = float(b[name][bi, p, h].norm()), float(a[name][bi, p, h].norm())
-                where = (f"layer 0 {which}, head {h} pos {p} (row {bi}): |rot_{which}| {fmt(seen)} at offset "
+                where = (f"layer {layer} {which}, head {h} pos {p} (row {bi}): |rot_{which}| {fmt(seen)} at offset "
                          f"{second} vs {fmt(before)} at offset {first}")
         return worst, where
 
@@ -80,5 +81,5 @@ def rotary_norm(case: Case) -> Plan:
     layout = f"rotary_dim={dim}" + (f" from feature {offset}, " if offset else ", ") + \
         (f"{style} pairs" if style else "pair layout undeclared: whole-vector norms")
     if not patchable:
-        layout += "; layer-0 input not patched (hook_resid_pre unobserved)"
+        layout += f"; layer-{layer} input not patched (hook_resid_pre unobserved)"
     return Plan(strategy(), measure, describe, info=lambda: layout)

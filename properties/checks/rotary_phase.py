@@ -1,7 +1,8 @@
 """Rotary precision: at every position up to n_ctx, rotary equals a float64 rotation, in the model's dtype.
 
 RoPE (Su et al. 2021, eq. 34) turns each pair of q/k features by ``pos * theta_i`` with
-``theta_i = base^(-2i/rotary_dim)``, so ``rot(pos + p) = R(p) rot(pos)``. At layer 0 the
+``theta_i = base^(-2i/rotary_dim)``, so ``rot(pos + p) = R(p) rot(pos)``. At layer 0 (the first
+rotating layer, ``cfg.rotary_layers``: the layers before it have no positions) the
 input does not depend on positions (rotary models add none), so ``hook_rot_q`` at
 ``position_offset=p`` must equal the float64 rotation by p of ``hook_rot_q`` at offset 0 —
 the reference needs neither ``hook_q`` nor the model's code, only its declared design
@@ -26,7 +27,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.checks._common import fmt, max_len, where_max
-from properties.design import rotary_design, rotary_span, unit_roundoff
+from properties.design import first_rotary_layer, rotary_design, rotary_hooks, rotary_span, unit_roundoff
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.search import offset_text
@@ -62,12 +63,13 @@ def _default_rope(model: Any) -> Optional[str]:
                 rule="the error over its allowance 16 u_dtype + 32 (p + n) u_32 of |rot_q| (u: unit roundoff)",
                 applies=Applies(positional=("rotary",), min_ctx=2, when=_default_rope,
                                 when_doc="unscaled RoPE (cfg.rope_type None or default)"),
-                needs=("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"),
+                needs=rotary_hooks, needs_doc="blocks.{first rotary layer}.attn.hook_rot_q, hook_rot_k",
                 # an adapter that could not read the layout or base: no reference to compare with
                 declares=("rotary_style", "rotary_base"))
 def rotary_precision(case: Case) -> Plan:
     """Layer-0 ``hook_rot_q``/``hook_rot_k`` at offset p equal a float64 rotation by p of offset 0's."""
     model, cfg, names = case.model, case.cfg, list(case.hooks)
+    layer = first_rotary_layer(cfg)
     dim, style, base = rotary_design(cfg)
     first, direction = rotary_span(cfg)  # the first rotated feature (MLA: the last rotary_dim turn)
     n_max = max_len(cfg, cap=4)
@@ -94,7 +96,7 @@ def rotary_precision(case: Case) -> Plan:
             if float(err.max()) > worst:
                 worst = float(err.max())
                 b, i, h = where_max(err)
-                where = (f"layer 0 {nm.split('.')[-1]} head {h} position {offset + i} (row {b}): relative error "
+                where = (f"layer {layer} {nm.split('.')[-1]} head {h} position {offset + i} (row {b}): relative error "
                          f"{fmt(worst * allow)} vs a float64 rotation, allowed {fmt(allow)} in {dtype}")
         q0, k0 = at0[names[0]].double(), at0[names[1]].double()
         qp, kp = atp[names[0]].double(), atp[names[1]].double()
@@ -106,7 +108,7 @@ def rotary_precision(case: Case) -> Plan:
         if float(rel.max()) > worst:
             worst = float(rel.max())
             b, h, i, j = where_max(rel)
-            where = (f"layer 0 head {h} (row {b}): score <rot_q {i}, rot_k {j}> changes by "
+            where = (f"layer {layer} head {h} (row {b}): score <rot_q {i}, rot_k {j}> changes by "
                      f"{fmt(worst * 2 * allow)} of |q||k| between offset 0 and {offset} (allowed {fmt(2 * allow)})")
         return worst, where
 
