@@ -6,7 +6,9 @@ call of a protocol model (a ``HookedRootModule`` not called from inside another 
 the checked model counts in ``model_passes``; a call of any other protocol model during the row is
 one of its golden copies (the float64 twin, the float32 fallback, the determinism probe's copies:
 properties/precision.py) and counts in ``twin_passes``. Counted through torch's global module
-hooks, so a check cannot bypass the count by calling the model its own way.
+hooks, so a check cannot bypass the count by calling the model its own way. A call that runs the
+model's network without its protocol ``forward`` (a cached decoding step through
+``forward_with_cache``: the kv_cache property) is one a check declares with :func:`one_pass`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,21 @@ class Cost:
     model_passes: int = 0
     twin_passes: int = 0
     seconds: float = 0.0
+
+
+_ACTIVE: ContextVar[tuple[Cost, ...]] = ContextVar("attnlab_cost_counting", default=())
+
+
+@contextmanager
+def one_pass() -> Iterator[None]:
+    """The block is one pass of the checked model: counted once, also where the forward hooks do not see it."""
+    costs = _ACTIVE.get()
+    before = [cost.model_passes for cost in costs]
+    try:
+        yield
+    finally:
+        for cost, count in zip(costs, before, strict=True):
+            cost.model_passes = max(cost.model_passes, count + 1)
 
 
 @contextmanager
@@ -54,10 +72,12 @@ def counting(model: Any) -> Iterator[Cost]:
             depth[0] = max(0, depth[0] - 1)
 
     handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, always_call=True)]
+    token = _ACTIVE.set((*_ACTIVE.get(), cost))
     start = time.perf_counter()
     try:
         yield cost
     finally:
         cost.seconds = time.perf_counter() - start
+        _ACTIVE.reset(token)
         for handle in handles:
             handle.remove()

@@ -27,13 +27,16 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
+from hypothesis import settings
 from hypothesis.strategies import SearchStrategy
 
 from harness.adapters.dispatch import NO_TWIN, is_dispatched
 from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES, check_protocol, observed_hooks
 from harness.errors import AttnlabError
+from properties.budget import Budget
+from properties.cost import counting
 from properties.design import model_dtype
 from properties.precision import HIDDEN, coarse, noise_for
 from properties.precision import RULE as MEASURED_RULE
@@ -240,7 +243,8 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
                    judges_nonfinite: bool = False) -> Callable[..., Check]:
     """Register the decorated ``body(case: Case) -> Plan`` as the model property ``name``.
 
-    Returns the public check ``check(model, *, seed=0, max_examples=None, observed=None) -> PropertyResult``.
+    Returns the public check ``check(model, *, seed=0, max_examples=None, observed=None) -> PropertyResult``;
+    ``max_examples=None`` runs the profile's count within the row's pass budget (properties/budget.py).
     ``tolerance``: a number, or a function of the model (e.g. of its dtype); ``rule`` says in words
     how it is set. ``needs``: hook names, ``{layer}`` for every layer, ``a|b`` for the first of
     two that fires; or a function of cfg returning them (then ``needs_doc`` says which in words).
@@ -288,8 +292,15 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
             watch = None if judges_nonfinite else noise_for(model, measured=calibrated and not shadow,
                                                              local=local_floor)
             drawn: list[tuple[float, Any]] = []
-            result = search(name, tol, plan.strategy, plan.measure, plan.describe, seed=seed,
-                            max_examples=max_examples, info=plan.info, noise=watch, drawn=drawn, replay=replay)
+            searching = functools.partial(search, name, tol, plan.strategy, plan.measure, plan.describe, seed=seed,
+                                          info=plan.info, noise=watch, drawn=drawn, replay=replay)
+            # max_examples left to the suite: a big model's passes are budgeted by its size (properties/budget.py)
+            planned = max_examples or cast(settings, settings.default).max_examples
+            budget = Budget.of(model, planned) if max_examples is None and not shadow else None
+            if budget is None:
+                result = searching(max_examples=max_examples)
+            else:
+                result = _budgeted(searching, model, budget)
             if not shadow and watch is not None and watch.measured and watch.golden is not None \
                     and result.status == "pass" and coarse(model) and drawn:
                 # the twin replays what this search drew, worst ratio first: no new search, no shrinking
@@ -311,6 +322,24 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
         return check
 
     return decorate
+
+
+def _budgeted(searching: Callable[..., PropertyResult], model: Any, budget: Budget) -> PropertyResult:
+    """A search of as many examples as ``budget`` pays for, priced by its first: the simplest input alone.
+
+    Hypothesis plans a search by its size (under 10 examples it draws at random from the first on;
+    from 10 on, its first examples are zero-extended ones, such as a batch of identical all-zero rows),
+    so the count is chosen before the search rather than the search cut short: a budgeted search is
+    the one hypothesis runs at that count. The simplest input's measurement is kept (``memo``) and not
+    repeated when the second search draws it first; a failure on it is the row's result, shrunk.
+    """
+    memo: dict[str, tuple[float, float, float]] = {}
+    with counting(model) as cost:
+        budget.cost = cost
+        first = searching(max_examples=1, memo=memo)
+        if first.status != "pass":
+            return first
+        return searching(max_examples=budget.examples_for(budget.spent()), memo=memo, budget=budget)
 
 
 def _worst_first(drawn: list[tuple[float, Any]], describe: Callable[[Any], str]) -> list[Any]:

@@ -24,6 +24,7 @@ from hypothesis.strategies import SearchStrategy
 from harness._checks import check_int, check_positive_int
 from harness.adapters.protocol import HookNotObserved, ModelError
 from harness.errors import AttnlabError
+from properties.budget import Budget
 from properties.precision import NOT_COMPARABLE, Noise, calibrating
 
 STATUSES = ("pass", "fail", "n/a", "unobservable")
@@ -117,7 +118,8 @@ def offset_text(example: Any) -> str:
 def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measure,
            describe: Callable[[Any], str], *, seed: int, max_examples: Optional[int],
            info: Callable[[], str] = lambda: "", noise: Optional[Noise] = None,
-           drawn: Optional[list[tuple[float, Any]]] = None, replay: Optional[Sequence[Any]] = None
+           drawn: Optional[list[tuple[float, Any]]] = None, replay: Optional[Sequence[Any]] = None,
+           budget: Optional[Budget] = None, memo: Optional[dict[str, tuple[float, float, float]]] = None
            ) -> PropertyResult:
     """Search ``strategy`` for an input whose ``measure(x)[0]`` exceeds its allowance.
 
@@ -134,15 +136,31 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
     exactly those inputs, in order, and draws none (a failure is reported as drawn, not shrunk): the
     shadow run of a hidden-bug check replays on the golden twin what the model's own search drew,
     worst first, instead of searching anew (properties/registry.py).
+
+    ``budget`` (properties/budget.py): once it is exhausted, the examples drawn after are not
+    measured, until an input breaks the tolerance (its shrinking is never cut); the row's reason
+    then says how many ran. ``memo`` keeps each measured input's (deviation, floor, allowance)
+    by its description, so a budgeted row's second search does not measure again the
+    simplest input its first one measured (registry.py).
     """
     check_search_args(seed, max_examples)
     calibrated = noise is not None and noise.calibrated
     # at the example with the largest ratio: (ratio, deviation, floor, allowance)
     worst = [(0.0, 0.0, 0.0 if calibrated else math.nan, noise.minimum if calibrated and noise else tolerance)]
     unobserved: list[str] = []
+    failing = [False]  # an input broke the tolerance: hypothesis is shrinking it, every example is measured
 
     def prop(example: Any) -> None:
         if unobserved:  # nothing more can be seen; let the search end quickly
+            return
+        if budget is not None:
+            if not failing[0] and budget.exhausted():  # the rest of the search is drawn, not measured
+                budget.skipped += 1
+                return
+            budget.examples += 1
+        known = memo.get(describe(example)) if memo is not None else None
+        if known is not None:
+            record(example, known[0], known[1], known[2])
             return
         if noise is not None:
             noise.start()
@@ -163,6 +181,11 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
         if math.isnan(deviation):
             deviation = math.inf
         floor, allowance = (noise.example_floor(), noise.allowance()) if calibrated and noise else (math.nan, tolerance)
+        record(example, deviation, floor, allowance, where)
+        if memo is not None:  # it held (a failing input raised above): shrinking measures again what it replays
+            memo[describe(example)] = (deviation, floor, allowance)
+
+    def record(example: Any, deviation: float, floor: float, allowance: float, where: str = "") -> None:
         ratio = deviation / allowance if allowance > 0 else (0.0 if deviation == 0 else math.inf)
         if ratio >= worst[0][0]:
             worst[0] = (ratio, deviation, floor, allowance)
@@ -170,11 +193,14 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
             drawn.append((ratio, example))
         target(min(ratio, 1e300), label=name)  # hill-climb towards larger deviations, in allowances
         if deviation > allowance:
+            failing[0] = True
             raise Violation(deviation, f"{describe(example)}: {where}")
 
     def result(passed: bool, counterexample: str = "") -> PropertyResult:
         ratio, deviation, floor, allowance = worst[0]
-        return PropertyResult(name, True, passed, deviation, allowance, counterexample, reason=info(),
+        cut = budget.text() if budget is not None and passed else ""  # a failure's count would be its shrinking's
+        reason = "; ".join(r for r in (info(), cut) if r)
+        return PropertyResult(name, True, passed, deviation, allowance, counterexample, reason=reason,
                               noise_floor=floor, allowance=allowance, ratio=ratio)
 
     configured = settings(

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from harness.adapters.protocol import CACHED_DECODING, call_model, has_cached_decoding, model_device
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.cost import one_pass
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import padded_batches, token_batches
@@ -94,12 +95,14 @@ def _through_cache(model, cfg, n: int, new_max: int) -> Plan:
         x, mask, chunks = example
         device = model_device(model)
         with torch.no_grad():
-            logits, past = call_model(getattr(model, CACHED_DECODING), x.to(device),
-                                      attention_mask=None if mask is None else mask.to(device), past=None)
+            with one_pass():  # a decoding step runs the network, maybe not through forward: counted (cost.py)
+                logits, past = call_model(getattr(model, CACHED_DECODING), x.to(device),
+                                          attention_mask=None if mask is None else mask.to(device), past=None)
             outs = [logits[:, -1:]]
             for chunk in chunks:
-                step, past = call_model(getattr(model, CACHED_DECODING), x.new_tensor(chunk).to(device),
-                                        attention_mask=None, past=past)
+                with one_pass():
+                    step, past = call_model(getattr(model, CACHED_DECODING), x.new_tensor(chunk).to(device),
+                                            attention_mask=None, past=past)
                 outs.append(step)
         cached = torch.cat([o.detach().to("cpu", torch.float64) for o in outs], 1)
         tokens = torch.cat([x] + [x.new_tensor(c) for c in chunks], 1)
