@@ -129,12 +129,15 @@ class ModelInfo:
         """The layers ``forward(start_at_layer=)`` counts: the model's, or the decoder's of an encoder-decoder."""
         return max(self.starts) + 1 if self.starts else self.n_layers
 
+    def row_name(self, row: int) -> str:
+        """``L{layer}`` of a mask row; an encoder-decoder's ``enc L0`` (encoder), ``L0`` (decoder), ``xL0`` (cross)."""
+        if not self.kinds:
+            return f"L{row}"
+        return {"encoder": "enc ", "decoder": "", "cross": "x"}[self.kinds[row]] + f"L{self.layers[row]}"
+
     def head_labels(self) -> list[str]:
         """``L{layer}H{head}`` per head in flat order; an encoder-decoder's ``enc L0H1``, ``L1H2``, ``xL1H2``."""
-        prefix = {"encoder": "enc ", "decoder": "", "cross": "x"}
-        kinds = self.kinds or ("decoder",) * self.n_layers
-        layers = self.layers or tuple(range(self.n_layers))
-        return [f"{prefix[k]}L{layer}H{h}" for k, layer in zip(kinds, layers, strict=True) for h in range(self.n_heads)]
+        return [f"{self.row_name(row)}H{h}" for row in range(self.n_layers) for h in range(self.n_heads)]
 
 
 def _rows(cfg: Any, all_heads: bool, encoder_decoder: bool) -> dict[str, tuple]:

@@ -90,7 +90,8 @@ def _random_order(seed: int, n: int) -> Tensor:
 def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] = None, order: Any = "importance",
                 fractions: Any = None, seeds: Any = (0, 1, 2), reestimate: bool = False, method: str = "gradient",
                 batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None,
-                scores: Optional[Tensor] = None) -> pd.DataFrame:
+                scores: Optional[Tensor] = None, source_tokens: Optional[Tensor] = None,
+                source_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """Loss and accuracy as heads are pruned: ``DataFrame[order, seed, n_pruned, fraction_pruned, loss, accuracy]``.
 
     ``order``: "importance", "random", or a sequence of both. ``fractions`` (default 0, 0.1, ..., 1)
@@ -99,7 +100,9 @@ def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] 
     estimate (see :func:`probes.head_importance`) and, for ``mean_ablation``, how heads are removed;
     the default, ``gradient``, is the I_h Michel et al. prune by (one forward and backward pass,
     where exact leave-one-out ``ablation`` costs a masked pass per head). ``scores``: that importance
-    (``[n_layers, n_heads]``), already computed on this data, so it is not recomputed.
+    (``[n_layers, n_heads]``), already computed on this data, so it is not recomputed. An encoder-decoder
+    prunes all three kinds of heads, given its source as :func:`probes.head_importance` takes it (``scores``
+    then has that function's rows: encoder layers, decoder layers, cross-attention layers).
     """
     orders = check_orders(order)
     fracs = check_fractions(fractions)
@@ -107,9 +110,10 @@ def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] 
     check_bool("reestimate", reestimate)
     check_choice("method", method, METHODS)
     batch_size = check_batch_size(batch_size)
-    info = model_info(model)
+    info = model_info(model, all_heads=True)
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
+                      source_mask=source_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
     counts = sorted({round(f * N) for f in fracs})
@@ -147,7 +151,8 @@ def _prunable(broken: Tensor) -> int:
 def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss_mask: Optional[Tensor] = None,
                method: str = "gradient", seeds: Any = (0, 1, 2), reestimate: bool = False, criterion: str = "loss",
                batch_size: Optional[int] = None, attention_mask: Optional[Tensor] = None,
-               per_layer: bool = True, scores: Optional[Tensor] = None) -> pd.Series:
+               per_layer: bool = True, scores: Optional[Tensor] = None, source_tokens: Optional[Tensor] = None,
+               source_mask: Optional[Tensor] = None) -> pd.Series:
     """The headline numbers of head redundancy, as a ``pandas.Series``.
 
     A pruned model "survives" when its loss stays within ``baseline_loss * (1 + tolerance)``
@@ -167,8 +172,10 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
       keeps only its best head at once.
 
     ``per_layer=False`` leaves out the per-layer numbers (``heads_needed_L*`` and ``one_head_*``:
-    about ``n_heads`` masked passes more), for a model too large to afford them. ``scores``: as for
-    :func:`prune_curve`.
+    about ``n_heads`` masked passes more), for a model too large to afford them. ``scores``,
+    ``source_tokens``, ``source_mask``: as for :func:`prune_curve`; an encoder-decoder's per-layer keys name
+    each attention layer as its head labels do (``heads_needed_enc L0``, ``heads_needed_L0``,
+    ``heads_needed_xL0`` for encoder, decoder and cross-attention layer 0).
     """
     tolerance = check_tolerance(tolerance)
     check_choice("method", method, METHODS)
@@ -177,9 +184,10 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
     check_bool("reestimate", reestimate)
     check_bool("per_layer", per_layer)
     batch_size = check_batch_size(batch_size)
-    info = model_info(model)
+    info = model_info(model, all_heads=True)
     model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
+                      source_mask=source_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
     counts = list(range(N + 1))
@@ -218,7 +226,8 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
         return series
     for layer in range(L):  # prune within one layer only, in the global ranking's order
         in_layer = ranking[(ranking // H) == layer]
-        out[f"heads_needed_L{layer}"] = H - _prunable(curve(_cumulative_masks(in_layer, list(range(H + 1)), L, H))[0])
+        needed = H - _prunable(curve(_cumulative_masks(in_layer, list(range(H + 1)), L, H))[0])
+        out[f"heads_needed_{info.row_name(layer)}"] = needed
     single = torch.ones(L * H, L, H)
     for layer in range(L):
         for h in range(H):
@@ -227,8 +236,8 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
     one = gates.masked_stats(model, info, data, single, means=means, batch_size=batch_size)[0].view(L, H)
     best = one.argmin(1)
     for layer in range(L):
-        out[f"one_head_best_L{layer}"] = int(best[layer])
-        out[f"one_head_rel_increase_L{layer}"] = float(one[layer, best[layer]] / baseline - 1)
+        out[f"one_head_best_{info.row_name(layer)}"] = int(best[layer])
+        out[f"one_head_rel_increase_{info.row_name(layer)}"] = float(one[layer, best[layer]] / baseline - 1)
     keep_best = torch.zeros(1, L, H)
     keep_best[0, torch.arange(L), best.cpu()] = 1
     all_loss, all_acc = gates.masked_stats(model, info, data, keep_best, means=means, batch_size=batch_size)

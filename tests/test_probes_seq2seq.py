@@ -180,3 +180,22 @@ def test_a_trained_model_needs_its_top_cross_attention_head():
     hurt_low = _plain_loss(model, batch, _hook_of("cross", int(low["layer"])), int(low["head"]))
     assert hurt_top > hurt_low
     assert top["importance"] > 0.1 and top["importance"] > 10 * abs(low["importance"])
+
+
+def test_pruning_runs_over_every_kind():
+    """The curve's ends are plain forwards: nothing pruned, and every head of every kind zeroed at once."""
+    model = _model()
+    batch = TASK.batch(12, torch.Generator().manual_seed(6))
+    curve = probes.prune_curve(model, batch.decoder_input, order="importance", fractions=(0, 0.5, 1), **_inputs(batch))
+    assert curve.attrs["n_heads"] == 12 and curve["n_pruned"].tolist() == [0, 6, 12]
+    everything = [(_hook_of(kind, layer), lambda z, hook: z * 0) for kind in ("encoder", "decoder", "cross")
+                  for layer in (0, 1)]
+    with torch.no_grad():
+        logits = model.run_with_hooks(batch.decoder_input, source_tokens=batch.source,
+                                      source_mask=batch.source_mask, fwd_hooks=everything)
+    pruned = float(F.cross_entropy(logits[batch.target_mask].double(), batch.target[batch.target_mask]))
+    assert curve["loss"].iloc[0] == pytest.approx(_plain_loss(model, batch), abs=LOO_TOL)
+    assert curve["loss"].iloc[-1] == pytest.approx(pruned, abs=LOO_TOL)
+    summary = probes.redundancy(model, batch.decoder_input, seeds=(0,), **_inputs(batch))
+    assert summary["n_heads"] == 12
+    assert {"heads_needed_enc L1", "heads_needed_L0", "heads_needed_xL1", "one_head_best_xL0"} <= set(summary.index)
