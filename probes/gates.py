@@ -28,6 +28,7 @@ from jaxtyping import Bool, Float, Float64, Int, Shaped
 from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.errors import AttnlabError
 from probes import _shard
 from probes._validate import ModelInfo, ProbeData
 
@@ -115,6 +116,8 @@ def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask
     added = []
     try:
         for name, fn in hooks:
+            if info.encoder_decoder:
+                fn = _same_heads(name, fn, info.n_heads)
             point = info.hook_points[name] if name in info.hook_points else model.hook_dict[name]
             added.append((point, point.add_hook(fn, dir="fwd")))
         return model(x, **kwargs)
@@ -122,6 +125,18 @@ def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask
         for point, handle in added:
             handle.hook.remove()
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
+
+
+def _same_heads(name: str, fn: Callable, n_heads: int) -> Callable:
+    """``fn``, refusing a ``hook_z`` whose head count is not ``cfg.n_heads``: an encoder-decoder's masks give every
+    kind of head the one count (an HF model may declare other counts for its encoder, e.g. BART's
+    encoder_attention_heads)."""
+    def checked(z: Tensor, hook: Any) -> Any:
+        if z.ndim == 4 and z.shape[2] != n_heads:
+            raise AttnlabError(f"{name} has {z.shape[2]} heads but cfg.n_heads={n_heads}: expected an encoder-decoder "
+                               "with one head count for every kind of head (the probes gate them with one mask)")
+        return fn(z, hook)
+    return checked
 
 
 def gate_fn(layer_masks: Tensor, replacement: Optional[Tensor] = None) -> Callable:

@@ -199,3 +199,18 @@ def test_pruning_runs_over_every_kind():
     summary = probes.redundancy(model, batch.decoder_input, seeds=(0,), **_inputs(batch))
     assert summary["n_heads"] == 12
     assert {"heads_needed_enc L1", "heads_needed_L0", "heads_needed_xL1", "one_head_best_xL0"} <= set(summary.index)
+
+
+def test_a_head_count_the_masks_cannot_carry_is_named():
+    """BART may give its encoder other head counts than its decoder; the masks have one, so the probe refuses
+    (an AttnlabError naming the hook), not a shape error deep in a hook."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(vocab_size=20, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                     decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=16,
+                     pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=None)
+    model = BartForConditionalGeneration(cfg).eval()
+    gen = torch.Generator().manual_seed(0)
+    source, tokens = torch.randint(3, 20, (3, 5), generator=gen), torch.randint(3, 20, (3, 4), generator=gen)
+    with pytest.raises(AttnlabError, match=r"hook_z has \d heads but cfg.n_heads=\d"):
+        probes.head_importance(model, tokens, source_tokens=source)
