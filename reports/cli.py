@@ -401,12 +401,14 @@ def export(run_dir: str, out_dir: str) -> None:
               "and the code that decides a result).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the results as CSV here.")
 @click.option("--write-docs", "write_docs", is_flag=True, help="Rewrite the census section of docs/models.md and its "
-              "heatmap.")
+              "heatmap (with --bridge: the bridge section and docs/census_bridge.json).")
+@click.option("--bridge", is_flag=True, help="Check each model through TransformerLens's bridge instead of HFAdapter "
+              "and compare with the raw census (a conformance table).")
 def census(only: tuple[str, ...], workers: int, timeout: int, no_cache: bool, out: Optional[Path],
-           write_docs: bool) -> None:
+           write_docs: bool, bridge: bool) -> None:
     """Build every causal/masked/seq2seq LM model type tiny and random, check it, and give it one result."""
     census_command.run(only, workers=workers, timeout_s=timeout, use_cache=not no_cache, out=out,
-                       write_docs=census_command.DOC if write_docs else None, echo=click.echo)
+                       write_docs=census_command.DOC if write_docs else None, echo=click.echo, bridge=bridge)
 
 
 @cli.command(short_help="Benchmark table for this machine.")

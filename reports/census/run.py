@@ -4,7 +4,9 @@ Each model type is classified in a worker process (fork, one torch thread) under
 timeout or a dead worker is that type's result (``unsupported``, the stage it reached named), and
 the census goes on. Results are cached as JSON under ``$ATTNLAB_CACHE/census/<key>/`` (default
 ``~/.cache/attnlab``), where the key is the transformers version plus a hash of the code that decides
-a result (this package, the adapters, the properties): an unchanged version does not rebuild.
+a result (this package, the adapters, the properties): an unchanged version does not rebuild. The bridge
+census (``bridge=True``: reports/census/bridge.py) caches beside it under its own key, which adds the mode
+and TransformerLens's version.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Optional
 import torch
 import transformers
 
+from reports.census import bridge as census_bridge
 from reports.census.classify import Result, classify
 from reports.census.enumerate import ModelType, model_types
 
@@ -36,18 +39,19 @@ class TimedOut(BaseException):
     """Raised in a worker by its alarm: a BaseException, so no ``except Exception`` of a stage swallows it."""
 
 
-def cache_key() -> str:
+def cache_key(bridge: bool = False) -> str:
     digest = hashlib.sha256()
     for folder in CODE:
         for path in sorted((ROOT / folder).rglob("*.py")):
             digest.update(path.relative_to(ROOT).as_posix().encode())
             digest.update(path.read_bytes())
-    return f"transformers-{transformers.__version__}-{digest.hexdigest()[:12]}"
+    key = f"transformers-{transformers.__version__}-{digest.hexdigest()[:12]}"
+    return f"bridge-transformer_lens-{census_bridge.version()}-{key}" if bridge else key
 
 
-def cache_dir(key: Optional[str] = None) -> Path:
+def cache_dir(key: Optional[str] = None, bridge: bool = False) -> Path:
     base = Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab"))
-    return base / "census" / (key or cache_key())
+    return base / "census" / (key or cache_key(bridge))
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -59,13 +63,14 @@ def _init_worker() -> None:
     signal.signal(signal.SIGALRM, _alarm)
 
 
-def run_one(mt: ModelType, timeout_s: int = TIMEOUT_S) -> dict[str, Any]:
-    """Classify ``mt`` under ``timeout_s``; the result as JSON (what crosses the process boundary)."""
+def run_one(mt: ModelType, timeout_s: int = TIMEOUT_S, bridge: bool = False) -> dict[str, Any]:
+    """Classify ``mt`` (through the bridge when ``bridge``) under ``timeout_s``; the result as JSON (what crosses
+    the process boundary)."""
     result = Result(mt.name, mt.task, mt.class_name)
     start = time.perf_counter()
     signal.alarm(timeout_s)
     try:
-        classify(mt, result)
+        (census_bridge.classify if bridge else classify)(mt, result)
     except TimedOut:
         result.category = "unsupported"
         result.reason = f"timed out after {timeout_s}s at stage {result.stage!r} (the census's budget per model type)"
@@ -76,10 +81,12 @@ def run_one(mt: ModelType, timeout_s: int = TIMEOUT_S) -> dict[str, Any]:
 
 
 def census(types: Optional[list[ModelType]] = None, *, workers: int = 1, timeout_s: int = TIMEOUT_S,
-           use_cache: bool = True, progress: Optional[Callable[[Result], None]] = None) -> list[Result]:
-    """The census of ``types`` (default: every model type), cached results reused; sorted by model type."""
+           use_cache: bool = True, progress: Optional[Callable[[Result], None]] = None,
+           bridge: bool = False) -> list[Result]:
+    """The census of ``types`` (default: every model type; through the bridge when ``bridge``), cached results
+    reused; sorted by model type."""
     types = model_types() if types is None else types
-    folder = cache_dir()
+    folder = cache_dir(bridge=bridge)
     done: dict[str, Result] = {}
     if use_cache:
         for mt in types:
@@ -89,7 +96,7 @@ def census(types: Optional[list[ModelType]] = None, *, workers: int = 1, timeout
     todo = [mt for mt in types if mt.name not in done]
     folder.mkdir(parents=True, exist_ok=True)
     while todo:
-        left = _run_pool(todo, workers, timeout_s, folder, done, progress)
+        left = _run_pool(todo, workers, timeout_s, folder, done, progress, bridge)
         if left and workers == 1:  # one worker runs in order: the first unfinished type is the one that killed it
             _store(Result(left[0].name, left[0].task, left[0].class_name, stage="worker",
                           reason="the worker process died (killed for memory or crashed in native code) on it"),
@@ -101,11 +108,11 @@ def census(types: Optional[list[ModelType]] = None, *, workers: int = 1, timeout
 
 
 def _run_pool(todo: list[ModelType], workers: int, timeout_s: int, folder: Path, done: dict[str, Result],
-              progress: Optional[Callable[[Result], None]]) -> list[ModelType]:
+              progress: Optional[Callable[[Result], None]], bridge: bool = False) -> list[ModelType]:
     """Run ``todo`` on a fresh pool; the types left unfinished (in order) when a worker died."""
     context = multiprocessing.get_context("fork")
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker) as pool:
-        futures = [(pool.submit(run_one, mt, timeout_s), mt) for mt in todo]
+        futures = [(pool.submit(run_one, mt, timeout_s, bridge), mt) for mt in todo]
         for future, _ in futures:
             try:
                 result = Result.from_json(future.result())

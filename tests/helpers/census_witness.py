@@ -84,6 +84,137 @@ def window_ignored(model_type: str) -> str:
             f"on key 0 (distance {w + 1}) in every layer and head")
 
 
+# The bridge census's findings (reports/census/findings.py BRIDGE_FINDINGS): the census's tiny model inside
+# TransformerLens's bridge, built here with TransformerLens's own API (not BridgeAdapter), against a second copy
+# of the raw model (the same seed gives the same weights) or TransformerLens's own definitions.
+
+FIRST, SECOND = torch.tensor([[3, 5]]), torch.tensor([[3, 9]])  # differ only at position 1
+
+
+def _bridged(model_type: str):
+    """(raw tiny model, bridge around an identical copy): the builder replaces modules of the model it wraps."""
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    raw, copy = _tiny(model_type), _tiny(model_type)
+    bridge = build_bridge_from_module(copy, type(copy).__name__, hf_config=copy.config)
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    return raw, bridge
+
+
+def bridge_not_causal(model_type: str) -> str:
+    """Given an ``attention_mask`` (even all ones, as any batched caller passes), the bridge attends without its
+    causal mask: position 0's logits move when token 1 changes and differ from the raw model's. Without the mask
+    argument the bridge is causal; the raw model is causal either way.
+
+    Witness: the raw HF model (same seed, same weights) and the bridge's own forward on ``[3, 5]`` / ``[3, 9]``
+    with ``attention_mask=[[1, 1]]``.
+    """
+    raw, bridge = _bridged(model_type)
+    ones = torch.ones_like(FIRST)
+    with torch.no_grad():
+        raw_a = raw(input_ids=FIRST, attention_mask=ones).logits
+        raw_b = raw(input_ids=SECOND, attention_mask=ones).logits
+        br_a, br_b = bridge(FIRST, attention_mask=ones), bridge(SECOND, attention_mask=ones)
+        unmasked = float((bridge(SECOND) - bridge(FIRST))[0, 0].abs().max())
+    raw_moves, br_moves = float((raw_b - raw_a)[0, 0].abs().max()), float((br_b - br_a)[0, 0].abs().max())
+    differs = float((br_a - raw_a).abs().max())
+    assert raw_moves == 0.0 and br_moves > 1e-6 and differs > 1e-6, (raw_moves, br_moves, differs)
+    return (f"with attention_mask=[[1, 1]], the bridge's position 0 logits move by {br_moves:.3g} when token 1 "
+            f"changes (raw model: 0; the bridge without the mask argument: {unmasked:.3g}); the bridge's logits "
+            f"differ from the raw model's by {differs:.3g}")
+
+
+def bridge_attn_scores_is_pattern(model_type: str) -> str:
+    """The bridge fires ``hook_attn_scores`` with the post-softmax pattern: TransformerLens defines
+    ``hook_pattern = softmax(hook_attn_scores)``, yet here the two are equal and softmax(scores) is not the pattern;
+    the bridge's logits equal the raw model's (the function is right, the hook is not).
+    """
+    raw, bridge = _bridged(model_type)
+    x = torch.tensor([[3, 5, 7]])
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(x)
+        same_logits = float((logits - raw(input_ids=x).logits).abs().max())
+    scores, pattern = cache["blocks.0.attn.hook_attn_scores"], cache["blocks.0.attn.hook_pattern"]
+    off = float((scores.softmax(-1) - pattern).abs().max())
+    assert torch.equal(scores, pattern) and off > 1e-3 and same_logits < 1e-4, (off, same_logits)
+    return (f"blocks.0.attn.hook_attn_scores equals hook_pattern exactly; softmax(scores) is off the pattern by "
+            f"{off:.3g}; the bridge's logits match the raw model's to {same_logits:.3g}")
+
+
+def _attention_reads(model_type: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], float]:
+    """The bridge's cache on ``[3, 5, 7]``, the raw model's o_proj inputs and v_norm outputs per layer index (forward
+    hooks on the raw model's own modules), and how far the bridge's logits are from the raw model's."""
+    raw, bridge = _bridged(model_type)
+    x = torch.tensor([[3, 5, 7]])
+    reads: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, module in raw.named_modules():
+        layer = next((part for part in name.split(".") if part.isdigit()), None)
+        if name.endswith("self_attn.o_proj"):
+            handles.append(module.register_forward_pre_hook(
+                lambda m, args, key=f"o_in.{layer}": reads.__setitem__(key, args[0])))
+        elif name.endswith("self_attn.v_norm"):
+            handles.append(module.register_forward_hook(
+                lambda m, args, out, key=f"v_norm.{layer}": reads.__setitem__(key, out)))
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(x)
+        gap = float((logits - raw(input_ids=x).logits).abs().max())
+    for handle in handles:
+        handle.remove()
+    return dict(cache.items()), reads, gap
+
+
+def _per_head(v: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[batch, pos, kv_heads, d] repeated to the query heads (grouped-query attention), as the kernel shares them."""
+    return v.repeat_interleave(n_heads // v.shape[2], dim=2)
+
+
+def _pattern_v(cache: dict[str, torch.Tensor], layer: int, v: torch.Tensor) -> torch.Tensor:
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+    return torch.einsum("bhqk,bkhd->bqhd", pattern, _per_head(v, pattern.shape[1]))
+
+
+def bridge_z_is_o_proj_input(model_type: str) -> str:
+    """The bridge fires ``hook_z`` with the input of ``o_proj``, which on this architecture comes after a step
+    between the attention kernel and the output projection (AFMoE's sigmoid gate, BitNet's ``attn_sub_norm`` over
+    all heads): TransformerLens defines z as the pattern-weighted sum of the values, and here it is not.
+
+    Witness: in every layer the bridge's ``hook_z`` equals the raw model's ``o_proj`` input (a forward pre-hook on
+    the raw model's own module) and is off ``hook_pattern . hook_v`` (grouped heads repeated); the bridge's logits
+    equal the raw model's (the function is right, the hook is not where TransformerLens defines it).
+    """
+    cache, reads, gap = _attention_reads(model_type)
+    layers = sorted(int(k.split(".")[1]) for k in reads if k.startswith("o_in."))
+    z = {i: cache[f"blocks.{i}.attn.hook_z"] for i in layers}
+    at_o = max(float((z[i].flatten(2) - reads[f"o_in.{i}"]).abs().max()) for i in layers)
+    off = max(float((_pattern_v(cache, i, cache[f"blocks.{i}.attn.hook_v"]) - z[i]).abs().max()) for i in layers)
+    assert layers and at_o < 1e-4 and off > 1e-2 and gap < 1e-4, (layers, at_o, off, gap)
+    return (f"hook_z equals o_proj's input to {at_o:.3g} in layers {layers}, and is off hook_pattern . hook_v by up "
+            f"to {off:.3g}; the bridge's logits match the raw model's to {gap:.3g}")
+
+
+def bridge_v_before_v_norm(model_type: str) -> str:
+    """The bridge fires ``hook_v`` with ``v_proj``'s output, before Gemma 4's ``v_norm``; the attention reads the
+    normalized values, so ``hook_pattern . hook_v`` is not ``hook_z`` (TransformerLens's z = pattern . v).
+
+    Witness: in every layer the bridge's ``hook_z`` equals ``hook_pattern`` times the raw model's ``v_norm`` output
+    (a forward hook on the raw model's own module), is off ``hook_pattern . hook_v``, and ``hook_v`` differs from
+    the ``v_norm`` output; the bridge's logits equal the raw model's.
+    """
+    cache, reads, gap = _attention_reads(model_type)
+    layers = sorted(int(k.split(".")[1]) for k in reads if k.startswith("v_norm."))
+    normed = {i: reads[f"v_norm.{i}"] for i in layers}
+    normed = {i: v if v.shape[1] == cache[f"blocks.{i}.attn.hook_v"].shape[1] else v.transpose(1, 2)
+              for i, v in normed.items()}  # [batch, heads, pos, d] where the module keeps heads first
+    z = {i: cache[f"blocks.{i}.attn.hook_z"] for i in layers}
+    with_norm = max(float((_pattern_v(cache, i, normed[i]) - z[i]).abs().max()) for i in layers)
+    off = max(float((_pattern_v(cache, i, cache[f"blocks.{i}.attn.hook_v"]) - z[i]).abs().max()) for i in layers)
+    assert layers and with_norm < 1e-4 and off > 1e-2 and gap < 1e-4, (layers, with_norm, off, gap)
+    return (f"hook_z equals hook_pattern . v_norm(v) to {with_norm:.3g} in layers {layers}, and is off "
+            f"hook_pattern . hook_v by up to {off:.3g}; the bridge's logits match the raw model's to {gap:.3g}")
+
+
 # witness name -> function of the model type (reports/census/findings.py names them)
 WITNESSES = {f.__name__: f for f in (falcon_census, left_padding_moves_positions, padding_leaks_into_real_tokens,
-                                     window_ignored)}
+                                     window_ignored, bridge_not_causal, bridge_attn_scores_is_pattern,
+                                     bridge_z_is_o_proj_input, bridge_v_before_v_norm)}
