@@ -1,7 +1,7 @@
 """Census triage: designs where what a model computes depends on absolute position, and the bugs where it should not.
 
 - Beam scales the queries of its layers without RoPE by s(p) = (1 + (p + 1) / 2048) ** 0.1 (scalable softmax):
-  a declared design (``DesignFacts.absolute_query_scale``, read from its modeling module), so relative_position is
+  a declared design (``DesignFacts.absolute_positions``, read from its modeling module), so relative_position is
   n/a on it, and the same model with the declaration removed fails the row (the check still sees the dependence).
 - Mixture-of-experts models get their float64 twin: transformers' default ``grouped_mm`` experts refuse float64,
   so ``placed(dtype="float64")`` runs them through the eager loop (the same sum over the routed experts).
@@ -27,15 +27,15 @@ def beam():
 
 
 def test_beam_declares_its_query_scale_by_absolute_position(beam):
-    assert beam.cfg.absolute_query_scale.startswith("modeling_beam.compute_attention_scaling")
-    assert adapt(build("llama", "LlamaForCausalLM")).cfg.absolute_query_scale is None  # textbook: none
+    assert beam.cfg.absolute_positions.startswith("modeling_beam.compute_attention_scaling")
+    assert adapt(build("llama", "LlamaForCausalLM")).cfg.absolute_positions is None  # textbook: none
 
 
 def test_relative_position_is_na_where_declared_and_fails_where_not(beam):
     row = properties.check_model(beam, properties=["relative_position"], max_examples=10).iloc[0]
     assert row.status == "n/a" and "absolute position" in row.reason
     undeclared = placed(beam, dtype="float64")  # a copy: the float64 twin of the undeclared model is itself
-    undeclared._cfg = dataclasses.replace(undeclared.cfg, absolute_query_scale=None)
+    undeclared._cfg = dataclasses.replace(undeclared.cfg, absolute_positions=None)
     row = properties.check_model(undeclared, properties=["relative_position"], max_examples=10).iloc[0]
     assert row.status == "fail", row.reason
 
@@ -82,3 +82,34 @@ def _declared(model, **facts):
 
 def test_a_model_that_rotates_every_layer_declares_nothing():
     assert adapt(build("llama", "LlamaForCausalLM")).cfg.rotary_layers is None
+
+
+@pytest.fixture(scope="module")
+def recurrent_gemma():
+    return adapt(build("recurrent_gemma", "RecurrentGemmaForCausalLM").eval())
+
+
+def test_recurrent_gemma_declares_its_reset_at_position_zero(recurrent_gemma):
+    """Its RG-LRU resets at position 0 (a document boundary): relative_position is n/a; the rotary checks feed the
+    offset run the offset-0 run's input to the attention layer, so rotary_precision checks the rotation alone."""
+    assert "resets at position 0" in recurrent_gemma.cfg.absolute_positions
+    frame = properties.check_model(recurrent_gemma, properties=["relative_position", "rotary_precision"],
+                                   max_examples=10)
+    assert dict(zip(frame.property, frame.status, strict=True)) == {"relative_position": "n/a",
+                                                                    "rotary_precision": "pass"}, frame.reason.tolist()
+
+
+def test_cached_decoding_continues_the_cache_a_model_made_for_itself(recurrent_gemma):
+    """RecurrentGemma returns no cache (CausalLMOutput): the adapter continues from the DynamicCache the model
+    made on the first call; before, each step set up fresh recurrent states. One token at a time (the model's own
+    decoding path) equals the full forward; a 1-token prompt included."""
+    tokens = torch.tensor([[2, 1, 5, 7, 9, 3]])
+    with torch.no_grad():
+        full = recurrent_gemma(tokens)
+        for prompt in (1, 2):
+            logits, past = recurrent_gemma.forward_with_cache(tokens[:, :prompt])
+            steps = [logits]
+            for i in range(prompt, tokens.shape[1]):
+                logits, past = recurrent_gemma.forward_with_cache(tokens[:, i:i + 1], past=past)
+                steps.append(logits)
+            torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)

@@ -76,12 +76,12 @@ class DesignFacts:
     # transformers' gpt_oss eager_attention_forward appends it as a key column, softmaxes, drops it). A row of
     # such a pattern sums to 1 - exp(sink) / (exp(sink) + sum_j exp(s_j)) < 1. Textbook: no sink (None).
     attention_sinks: Optional[tuple[bool, ...]] = None
-    # Queries (or scores) multiplied by a function of the query's absolute position, so what the model
-    # computes depends on absolute position by design: scalable softmax, s(p) = (1 + (p + 1) / 2048) ** 0.1
-    # on Beam's layers without RoPE (Nakanishi 2025, "Scalable-Softmax Is Superior for Attention"; transformers'
-    # beam compute_attention_scaling). The value names the function. Textbook: none (None); relative_position
-    # does not apply where it is set.
-    absolute_query_scale: Optional[str] = None
+    # What makes the model's output depend on absolute position by design, named: Beam multiplies queries by
+    # the scalable-softmax factor s(p) = (1 + (p + 1) / 2048) ** 0.1 on its layers without RoPE (Nakanishi 2025,
+    # "Scalable-Softmax Is Superior for Attention"; transformers' beam compute_attention_scaling); RecurrentGemma's
+    # RG-LRU resets its state at position 0, a document boundary (De et al. 2024, Griffin §2.4). Textbook: none
+    # (None); relative_position does not apply where it is set.
+    absolute_positions: Optional[str] = None
     # A bias b_h(j) added to every score of key j, per head and batch row, computed from the input: Doge's
     # dynamic mask attention adds exp(A_h * softplus(dt_proj(v_j))) to the scores (Shi et al. 2024, "Trainable
     # Dynamic Mask Sparse Attention"; transformers' doge prepare_dynamic_mask). Textbook: none (False).

@@ -88,6 +88,11 @@ def _is_pretrained(model: Any) -> bool:
     return module is not None and isinstance(model, module.PreTrainedModel)
 
 
+def _is_cache(value: Any) -> bool:
+    """A transformers ``Cache`` (by its class's module: importing cache_utils here costs an import of transformers)."""
+    return any(c.__module__ == "transformers.cache_utils" and c.__name__ == "Cache" for c in type(value).__mro__)
+
+
 class HFAdapter(HookedRootModule):
     """A ``transformers.PreTrainedModel`` behind the protocol's ``forward``, ``cfg`` and hook names.
 
@@ -357,9 +362,19 @@ class HFAdapter(HookedRootModule):
         kwargs: dict[str, Any] = {"attention_mask": mask, "use_cache": True, self._cache_param() or "cache": cache}
         if "position_ids" in self._params:
             kwargs["position_ids"] = self.position_ids(mask, 0)[:, -tokens.shape[1]:]
-        out = self.hf_model(input_ids=tokens, **kwargs)
-        cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
-        return out.logits, (cache, mask)
+        made: list[Any] = []  # the cache the model makes for itself on a first call, as its first layer is given it
+        handle = self._layers[0].register_forward_pre_hook(
+            lambda module, args, kw: made.extend(a for a in (*args, *kw.values()) if _is_cache(a)), with_kwargs=True)
+        try:
+            out = self.hf_model(input_ids=tokens, **kwargs)
+        finally:
+            handle.remove()
+        returned = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
+        if returned is None and cache is None and made:
+            # RecurrentGemma's CausalLMOutput has no cache field: the DynamicCache it made (and set its recurrent
+            # states up with) is the one to continue from, or each step restarts from an empty cache
+            returned = made[0]
+        return out.logits, (returned if returned is not None else cache, mask)
 
     def _observe_rotary_layers(self) -> None:
         """``cfg.rotary_layers`` from the smoke pass: where some layers' rotary function ran and others' did not."""

@@ -262,12 +262,20 @@ def _sinks(attn_modules: list[Optional[nn.Module]]) -> Optional[tuple[bool, ...]
     return found if any(found) else None
 
 
-def _absolute_query_scale(module: Any) -> Optional[str]:
-    """The position-dependent query scale the modeling code applies, named (``DesignFacts.absolute_query_scale``).
+def _absolute_positions(module: Any) -> Optional[str]:
+    """What the modeling code makes depend on absolute position, named (``DesignFacts.absolute_positions``).
 
-    Beam's modeling module defines ``compute_attention_scaling(position_ids)`` (scalable softmax on its layers
-    without RoPE) and its model's forward calls it once per such layer type.
+    - Beam's modeling module defines ``compute_attention_scaling(position_ids)`` (scalable softmax on its layers
+      without RoPE) and its model's forward calls it once per such layer type;
+    - RecurrentGemma's RG-LRU computes ``reset = position_ids[:, :, None] == 0`` (a document boundary).
     """
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    if re.search(r"reset\s*=\s*position_ids\[[^\]]*\]\s*==\s*0", source):
+        return (f"{module.__name__.rsplit('.', 1)[-1]}: the recurrence resets at position 0, a document boundary "
+                "(reset = position_ids == 0)")
     if module is None or not callable(getattr(module, "compute_attention_scaling", None)):
         return None
     if not _calls(module, "compute_attention_scaling"):
@@ -372,7 +380,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
         bos_token_id=_bos(config), attention_sinks=_sinks(attn_modules),
-        absolute_query_scale=_absolute_query_scale(module),
+        absolute_positions=_absolute_positions(module),
         key_score_bias=callable(getattr(attn0, "prepare_dynamic_mask", None)),  # Doge's dynamic mask attention
     )
 

@@ -19,17 +19,17 @@ from properties.search import offset_text
 MAX_OFFSET = 256
 
 
-def _scale_by_position(model: Any) -> Optional[str]:
-    """n/a where the model declares a query scale by absolute position (``DesignFacts.absolute_query_scale``)."""
-    scale = getattr(model.cfg, "absolute_query_scale", None)
-    return None if scale is None else (f"queries are scaled by their absolute position by design ({scale}): "
-                                       "logits are not a function of relative positions alone")
+def _absolute_by_design(model: Any) -> Optional[str]:
+    """n/a where the model declares a dependence on absolute position (``DesignFacts.absolute_positions``)."""
+    how = getattr(model.cfg, "absolute_positions", None)
+    return None if how is None else (f"the model depends on absolute position by design ({how}): "
+                                     "logits are not a function of relative positions alone")
 
 
 @model_property(name="relative_position", order=90, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE,
-                applies=Applies(positional=("rotary", "alibi", "none"), min_ctx=2, when=_scale_by_position,
-                                when_doc="no query scale by absolute position declared"))
+                applies=Applies(positional=("rotary", "alibi", "none"), min_ctx=2, when=_absolute_by_design,
+                                when_doc="no dependence on absolute position declared"))
 def relative_position(case: Case) -> Plan:
     """``forward(tokens, position_offset=c) == forward(tokens)`` for rotary, ALiBi and position-free models."""
     model = case.model

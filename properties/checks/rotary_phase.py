@@ -3,7 +3,8 @@
 RoPE (Su et al. 2021, eq. 34) turns each pair of q/k features by ``pos * theta_i`` with
 ``theta_i = base^(-2i/rotary_dim)``, so ``rot(pos + p) = R(p) rot(pos)``. At layer 0 (the first
 rotating layer, ``cfg.rotary_layers``: the layers before it have no positions) the
-input does not depend on positions (rotary models add none), so ``hook_rot_q`` at
+input does not depend on positions (rotary models add none; where ``hook_resid_pre`` fires, the offset-p
+run is given the offset-0 run's input to that layer, so it is the same input literally), so ``hook_rot_q`` at
 ``position_offset=p`` must equal the float64 rotation by p of ``hook_rot_q`` at offset 0 —
 the reference needs neither ``hook_q`` nor the model's code, only its declared design
 (``rotary_dim``, ``rotary_style``, ``rotary_base``, ``rotary_offset``, ``rotary_direction``; partial
@@ -29,7 +30,7 @@ from hypothesis import strategies as st
 from properties.checks._common import fmt, max_len, where_max
 from properties.design import first_rotary_layer, rotary_design, rotary_hooks, rotary_span, unit_roundoff
 from properties.precision import forward_capture
-from properties.registry import Applies, Case, Plan, model_property
+from properties.registry import Applies, Case, Plan, hook_gap, model_property
 from properties.search import offset_text
 from properties.strategies import token_batches
 
@@ -70,6 +71,10 @@ def rotary_precision(case: Case) -> Plan:
     """Layer-0 ``hook_rot_q``/``hook_rot_k`` at offset p equal a float64 rotation by p of offset 0's."""
     model, cfg, names = case.model, case.cfg, list(case.hooks)
     layer = first_rotary_layer(cfg)
+    # the offset-p run is fed the offset-0 run's input to that layer, so "the same input" is literal where
+    # a layer before it depends on position by design (RecurrentGemma's recurrence resets at position 0)
+    resid = f"blocks.{layer}.hook_resid_pre"
+    patchable = hook_gap(model, [resid], case.observed) is None
     dim, style, base = rotary_design(cfg)
     first, direction = rotary_span(cfg)  # the first rotated feature (MLA: the last rotary_dim turn)
     n_max = max_len(cfg, cap=4)
@@ -83,8 +88,9 @@ def rotary_precision(case: Case) -> Plan:
 
     def measure(example):
         x, offset = example
-        _, at0 = forward_capture(model, x, capture=names)
-        _, atp = forward_capture(model, x, position_offset=offset, capture=names)
+        _, at0 = forward_capture(model, x, capture=names + ([resid] if patchable else []))
+        _, atp = forward_capture(model, x, position_offset=offset, capture=names,
+                                 patch={resid: at0[resid]} if patchable else None)
         dtype = at0[names[0]].dtype
         n = x.shape[1]
         allow = 16 * unit_roundoff(dtype) + 32 * (offset + n) * U32
