@@ -39,7 +39,7 @@ from properties.design import model_dtype
 # 2 examples of a logit row (2 passes + 2 twin passes each) or of a one-pass calibrated row, 8 of an exact row
 # (the figures: tests/bench/test_bench_suite.py)
 ROW_BUDGET = 4 * 2**30
-MIN_EXAMPLES = 2  # the simplest input (hypothesis draws it first) and one random one
+MIN_EXAMPLES = 3  # the simplest input (hypothesis draws it first) and two random ones
 TWIN_BYTES = 8  # per parameter: the float64 twin
 # passes an example may take, at most (batch_independence: a batch of 3 and each row alone; finite_outputs with
 # <bos>: 4): a row whose planned examples cannot exceed the budget at this many is searched as without one

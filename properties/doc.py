@@ -43,6 +43,12 @@ def render(props: Optional[list[Property]] = None) -> str:
         "Adding a property is one module in `properties/checks/` (one `@model_property`) and its mutant in",
         "`tests/mutants/catalogue.py`.",
         "",
+        "Each row also says what it cost: `model_passes`, `twin_passes` (its float64 golden copy's) and `seconds`",
+        "(`properties/cost.py`). With `max_examples` left to it, a row on a big model runs within a budget of weight",
+        "reads (`properties/budget.py`: 4 GiB a row, at least 3 examples; GPT-2 small in float32 gets 3 examples of a",
+        "logit row, 8 of an exact one) and its reason says how many examples ran; a model under ~1.8M parameters runs",
+        "its full search, and an explicit `max_examples` is run exactly.",
+        "",
         "| " + " | ".join(HEADER) + " |",
         "|" + " --- |" * len(HEADER),
     ]

@@ -61,11 +61,13 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     never fires on this model: ``reason`` names it; never a failure). ``worst`` is the largest
     deviation seen, ``counterexample`` the shrunk input that broke the property ("" when it
     held); ``passed`` is None where the property does not apply or cannot be observed.
-    ``seed`` makes the searches reproducible; ``max_examples`` caps each search (default: the
-    loaded hypothesis profile's). ``properties`` selects a subset by name. A plain ``nn.Module``
-    or function ``f(tokens, attention_mask=None, position_offset=0) -> logits`` is checked when
-    given with ``cfg`` (a mapping or object with the protocol's cfg fields; see
-    :class:`harness.adapters.function.FunctionModel`): its output-level properties run, the
+    ``seed`` makes the searches reproducible; ``max_examples`` is each search's count, run exactly;
+    None (the default) runs the loaded hypothesis profile's, within a budget of forward passes per
+    row that scales with the model's size (properties/budget.py: a small model runs them all, a big
+    one the first few; the row's reason then says how many ran). ``properties`` selects a subset by
+    name. A plain ``nn.Module`` or function ``f(tokens, attention_mask=None, position_offset=0) ->
+    logits`` is checked when given with ``cfg`` (a mapping or object with the protocol's cfg fields;
+    see :class:`harness.adapters.function.FunctionModel`): its output-level properties run, the
     hook-level ones are unobservable. A transformers ``PreTrainedModel`` or a TransformerLens
     ``TransformerBridge`` is put behind its adapter (:func:`harness.adapters.adapt`);
     ``frame.attrs["adapter"]`` says which ("HFAdapter(llama, attention_interface)",
