@@ -48,8 +48,8 @@ def test_python_m_reports_census_takes_the_flag(tmp_path):
     done = subprocess.run([sys.executable, "-m", "reports.census", "--bridge", "--only", "bart"], capture_output=True,
                           text=True, env={**os.environ, "ATTNLAB_CACHE": str(tmp_path)}, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 0, done.stderr
-    assert "bart" in done.stdout and "unsupported by the bridge" in done.stdout
+    assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-4000:])
+    assert "bart" in done.stdout and "unsupported by the bridge" in done.stdout, done.stdout
 
 
 def test_a_supported_architecture_gives_a_checked_row():
