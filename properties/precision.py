@@ -54,7 +54,6 @@ with reason :data:`NOT_COMPARABLE`, and ``finite_outputs`` (exact) names where t
 
 from __future__ import annotations
 
-import gc
 import math
 import weakref
 from collections.abc import Iterator
@@ -192,38 +191,32 @@ def golden_twin(model: Any) -> Optional[Any]:
     cached = _TWINS.get(model)
     if cached is not None and cached[0] == key:
         return cached[1]
-    if not _deterministic(model, torch.float64):
+    if not _deterministic(model):
         # a model that differs from itself (dropout left on in eval, torchtune #1791) would put its own
         # randomness into the floor and hide behind it: no twin, the check's declared tolerance
         _TWINS[model] = (key, None)
         return None
-    made = _twin_at(model, torch.float64)  # made after the probe's copies are gone: one float64 copy at a time
+    made = _twin_at(model, torch.float64)  # one float64 copy
     if made is None:  # the float64 copy cannot even be built and adapted (its smoke pass raised): as below
         return fallback_twin(model)
     _TWINS[model] = (key, made)
     return made
 
 
-def _deterministic(model: Any, dtype: torch.dtype) -> bool:
-    """Whether two fresh copies of ``model`` at ``dtype`` agree to the bit on one plain input.
+def _deterministic(model: Any) -> bool:
+    """Whether ``model`` gives the same logits, to the bit, twice on one plain input.
 
-    Throwaway copies, so neither the model nor its twin runs an extra pass (a model with state, such
-    as a call counter, stays in step with its twin). One at a time, each dropped before the next is
-    made (issue 19 item 4: a float64 copy is twice a float32 model's weights).
+    The model itself, at its own dtype, before its twin is copied: a model that differs from itself
+    (torchtune #1791: dropout left on in eval) does so at any dtype, and the twin, copied after,
+    carries whatever state the two passes left (a model with state, such as a call counter, stays
+    in step with its twin). Its two short passes replace two float64 copies of the weights (three
+    float64 copies of GPT-2 small took ~11 s on 2 loaded cores; issue 19 item 5).
     """
     x = torch.arange(min(model.cfg.n_ctx, 4))[None] % model.cfg.d_vocab
-    outputs = []
-    for _ in range(2):
-        copy = _twin_at(model, dtype)
-        if copy is None:
-            return True
-        try:
-            outputs.append(protocol.forward_capture(copy, x)[0])
-        except protocol.ModelError:
-            return True  # the float64 copy cannot run at all: forward_capture's fallback handles it
-        finally:
-            del copy
-            gc.collect()  # an HF adapter and its model point at each other: only the cycle collector frees them
+    try:
+        outputs = [protocol.forward_capture(model, x)[0] for _ in range(2)]
+    except protocol.ModelError:
+        return True  # it cannot run this input: the checks report that, not the twin
     return torch.equal(outputs[0], outputs[1])
 
 
