@@ -27,6 +27,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from harness.adapters import hf_attention as attention
+from harness.adapters import hf_partial as partial
 from harness.adapters import hf_routes as routes
 from harness.adapters.design_facts import AdapterConfig
 from harness.adapters.hf_design import head_dim, position_embedding_module, read_design
@@ -147,7 +148,9 @@ class HFAdapter(HookedRootModule):
             previous.detach()
         self._install()
         self.setup()
-        self._smoke(arch)
+        with partial.output_shapes(cast(nn.ModuleList, stack)) as shapes:
+            self._smoke(arch)
+        self._layer_shapes = shapes  # what each layer returns: the pass-through of a partial run mimics it
         self._observe_rotary_layers()
         hf_model.__dict__["_attnlab_adapter"] = self  # not a submodule: no cycle in modules()
 
@@ -301,8 +304,21 @@ class HFAdapter(HookedRootModule):
             ids = ids + self._cfg.pos_offset
         return ids
 
-    def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,
-                position_offset: int = 0) -> Float[Tensor, "batch pos d_vocab"]:  # inputs: check_inputs validates
+    def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0, *,
+                start_at_layer: Optional[int] = None, stop_at_layer: Optional[int] = None
+                ) -> Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch pos d_model"]:
+        """Logits; TransformerLens's partial runs as attnlab's Transformer has them (harness/adapters/hf_partial.py):
+        ``stop_at_layer=l`` returns the residual entering block l, ``start_at_layer=l`` takes it for the tokens."""
+        if start_at_layer is None and stop_at_layer is None:
+            return self._forward(tokens, attention_mask, position_offset)
+        cfg = self._cfg
+        return partial.partial_forward(
+            lambda t: self._forward(t, attention_mask, position_offset), tokens, n_layers=cfg.n_layers,
+            d_model=cfg.d_model, stack=self._stack, layer_ids=self.layer_ids,
+            shapes=self._layer_shapes, start=start_at_layer, stop=stop_at_layer)
+
+    def _forward(self, tokens: Tensor, attention_mask: Optional[Tensor],
+                 position_offset: int) -> Float[Tensor, "batch pos d_vocab"]:  # inputs: check_inputs validates
         cfg = self._cfg
         tokens, real, position_offset = check_inputs(tokens, attention_mask, position_offset, cfg.d_vocab)
         mask = torch.ones_like(tokens) if real is None else real.long()

@@ -334,9 +334,10 @@ class HFSeq2SeqAdapter(HFAdapter):
         return source_tokens, torch.ones_like(source_tokens) if real is None else real.long()
 
     # ---- forward --------------------------------------------------------------------------------------
-    def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None, position_offset: int = 0, *,
-                source_tokens: Optional[Tensor] = None, source_mask: Optional[Tensor] = None
-                ) -> Float[Tensor, "batch pos d_vocab"]:
+    # no partial runs (stop_at_layer/start_at_layer): the probes then run every mask from the tokens
+    def forward(self, tokens: Tensor, attention_mask: Optional[Tensor] = None,  # type: ignore[override]
+                position_offset: int = 0, *, source_tokens: Optional[Tensor] = None,
+                source_mask: Optional[Tensor] = None) -> Float[Tensor, "batch pos d_vocab"]:
         tokens, real, offset = check_inputs(tokens, attention_mask, position_offset, self._cfg.d_vocab)
         source, src_mask = self._source(tokens.shape[0], tokens.device, source_tokens, source_mask)
         mask = torch.ones_like(tokens) if real is None else real.long()
