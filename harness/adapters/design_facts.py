@@ -91,6 +91,14 @@ class DesignFacts:
     # The HF adapter observes it: the layers whose apply_rotary_pos_emb ran on the smoke pass. Textbook: a
     # rotary model rotates every layer (None).
     rotary_layers: Optional[tuple[bool, ...]] = None
+    # A mixture-of-experts router with an expert capacity counted over the whole batch: a token routed to an expert
+    # that already holds its capacity of the pass's tokens is dropped (passed through on the residual), so one row's
+    # tokens change another row's output (Fedus et al. 2021, Switch Transformers §2.2 "expert capacity"; Lepikhin et
+    # al. 2020, GShard; NLLB-MoE's top-2 router flattens the batch before counting). The value is the most tokens one
+    # forward pass may hold, all rows together, that no such router can drop: the capacity itself where it is fixed
+    # (no expert receives more tokens than the pass holds). Textbook: no capacity (None); a capacity counted per
+    # sequence (transformers' Switch Transformers: cumsum over each row's positions) keeps rows independent.
+    expert_capacity: Optional[int] = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -284,6 +284,39 @@ def _absolute_positions(module: Any) -> Optional[str]:
     return f"{module.__name__.rsplit('.', 1)[-1]}.compute_attention_scaling" + (f": {doc}" if doc else "")
 
 
+def expert_capacity(hf_model: nn.Module) -> Optional[int]:
+    """``DesignFacts.expert_capacity``: the most tokens a pass may hold, all rows together, that no router drops.
+
+    A router is a module's ``router`` with an ``expert_capacity`` attribute, counted over the batch where the module's
+    forward flattens its input (``view(-1, ...)``/``reshape(-1, ...)``) before calling it (NLLB-MoE); Switch
+    Transformers calls it on ``[batch, pos, d]`` and counts per sequence (undeclared). In eval NLLB-MoE's capacity is
+    ``ceil(f * tokens)`` for ``moe_eval_capacity_token_fraction`` f > 0 (f >= 1 drops nothing; else a pass of N
+    tokens is safe while ceil(f N) >= N), the fixed ``expert_capacity`` for f <= 0, and
+    ``2 * ceil(tokens / experts)`` >= 2 where that is None (remembered after the first pass).
+    """
+    budgets = []
+    for parent in hf_model.modules():
+        router = getattr(parent, "router", None)
+        if not isinstance(router, nn.Module) or not hasattr(router, "expert_capacity"):
+            continue
+        try:
+            source = inspect.getsource(type(parent).forward)
+        except (OSError, TypeError):
+            source = ""
+        call, flat = source.find("self.router("), re.search(r"\.(view|reshape)\(\s*-1\s*,", source)
+        if call >= 0 and (flat is None or call < flat.start()):
+            continue  # routed on [batch, pos, d] before any flattening: capacity per sequence
+        fraction, capacity = getattr(router, "moe_eval_capacity_token_fraction", None), router.expert_capacity
+        if isinstance(fraction, (int, float)) and fraction > 0:
+            n = 1  # in the model's own float arithmetic, math.ceil(fraction * tokens)
+            while fraction < 1 and n < 4096 and math.ceil(fraction * (n + 1)) >= n + 1:
+                n += 1
+            budgets.extend([n] if fraction < 1 else [])
+        else:
+            budgets.append(capacity if isinstance(capacity, int) else 2)
+    return min(budgets) if budgets else None
+
+
 def _bos(config: Any) -> Optional[int]:
     bos = getattr(config, "bos_token_id", None)
     bos = bos[0] if isinstance(bos, (list, tuple)) and bos else bos
@@ -382,6 +415,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         bos_token_id=_bos(config), attention_sinks=_sinks(attn_modules),
         absolute_positions=_absolute_positions(module),
         key_score_bias=callable(getattr(attn0, "prepare_dynamic_mask", None)),  # Doge's dynamic mask attention
+        expert_capacity=expert_capacity(hf_model),
     )
 
 

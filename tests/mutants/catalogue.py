@@ -14,6 +14,7 @@ from torch import Tensor
 
 from tests.mutants import cross_attention as xa
 from tests.mutants.base import RefAttention, RefConfig, RefModel, RefNorm, rope, sinusoids
+from tests.mutants.moe import MoeModel
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,8 @@ MUTANTS: list[Mutant] = [
            ("padding_outputs",), "positions are token indices, so left padding moves them"),
     Mutant("batch_axis_norm", BatchNormModel, _cfg(normalization_type="RMS"),
            ("batch_independence",), "norm statistics over the batch axis"),
+    Mutant("moe_capacity_undeclared", MoeModel, _cfg(), ("batch_independence",),
+           "an MoE router drops tokens past an expert capacity counted over the batch, not declared"),
     Mutant("position_leak_without_positions", PositionLeakModel, _cfg(attention_dir="bidirectional"),
            ("permutation_equivariance",), "index sinusoids added to a model declared without positions"),
     Mutant("softmax_over_queries", _model(QuerySoftmaxAttention), _cfg(),
