@@ -78,10 +78,12 @@ RULE = "measured: 4 x the noise floor against a float64 twin, at least 4 u64 x r
 
 
 def nonfinite_mask(name: str, t: Tensor) -> Tensor:
-    """bool: the entries of hook (or output) ``name`` that are not finite; ``-inf`` is allowed in scores."""
+    """bool: the entries of hook (or output) ``name`` that are not finite; ``-inf`` is allowed in scores and in
+    the additive masks and biases added to them (-inf is how a masked score is written: TransformerLens's bridge
+    fires DeepSeek-V4's compressor block mask at ``compressor.hook_block_bias``, -inf off the selected blocks)."""
     if not t.is_floating_point():
         return torch.zeros_like(t, dtype=torch.bool)
-    if name.endswith("hook_attn_scores"):
+    if name.endswith(("hook_attn_scores", "_bias", "_mask")):
         return t.isnan() | (t == math.inf)
     return ~torch.isfinite(t)
 
@@ -197,10 +199,23 @@ def golden_twin(model: Any) -> Optional[Any]:
         _TWINS[model] = (key, None)
         return None
     made = _twin_at(model, torch.float64)  # one float64 copy
-    if made is None:  # the float64 copy cannot even be built and adapted (its smoke pass raised): as below
+    if made is None or not _sees_what_the_model_sees(model, made):
+        # the float64 copy cannot even be built and adapted (its smoke pass raised), or it goes non-finite on a
+        # plain input the model computes (ProphetNet's float64 copy gives NaN logits): as below
         return fallback_twin(model)
     _TWINS[model] = (key, made)
     return made
+
+
+def _sees_what_the_model_sees(model: Any, twin: Any) -> bool:
+    """Whether ``twin`` is finite wherever ``model`` is on a plain input: a twin blind there has no floor to give
+    (its every gap would read 0 and the allowance fall to float64's minimum)."""
+    x = torch.arange(min(model.cfg.n_ctx, 4))[None] % model.cfg.d_vocab
+    try:
+        own, gold = protocol.forward_capture(model, x)[0], protocol.forward_capture(twin, x)[0]
+    except protocol.ModelError:
+        return True  # it cannot run this input: the checks report that, not the twin
+    return not bool((nonfinite_mask("logits", gold.to(own.device)) & ~nonfinite_mask("logits", own)).any())
 
 
 def _deterministic(model: Any) -> bool:

@@ -33,3 +33,36 @@ def test_a_square_pattern_still_fires_on_the_module_hooks_route():
     pattern = cache["blocks.0.attn.hook_pattern"]
     assert pattern.shape == (1, model.cfg.n_heads, 3, 3)
     torch.testing.assert_close(pattern.sum(-1), torch.ones(1, model.cfg.n_heads, 3))
+
+
+def test_a_float64_twin_blind_on_a_plain_input_is_no_twin():
+    """ProphetNet's float64 copy gives NaN logits where the float32 model is finite: it has no floor to give (every
+    gap would read 0, the allowance float64's minimum, and float32 rounding a failure), so a float32 model falls
+    back to the declared tolerance, as when the copy cannot be built."""
+    from properties import precision
+
+    model = adapt(build("prophetnet", "ProphetNetForCausalLM").eval())
+    assert precision.golden_twin(model) is None
+    row = properties.check_model(model, properties=["batch_independence"], max_examples=5).iloc[0]
+    assert row.status == "pass" and row.allowance == row.tolerance, (row.allowance, row.tolerance)
+
+
+def test_minus_infinity_is_a_mask_in_additive_mask_and_bias_hooks():
+    from properties.precision import nonfinite_mask
+
+    t = torch.tensor([0.0, -float("inf"), float("inf"), float("nan")])
+    assert nonfinite_mask("blocks.3.attn.compressor.hook_block_bias", t).tolist() == [False, False, True, True]
+    assert nonfinite_mask("blocks.0.attn.hook_attn_scores", t).tolist() == [False, False, True, True]
+    assert nonfinite_mask("blocks.0.hook_resid_post", t).tolist() == [False, True, True, True]
+
+
+def test_a_bridged_mixture_of_experts_model_gets_its_float64_twin():
+    """placed() runs a float64 BridgeAdapter copy's experts eagerly too (grouped_mm takes no float64): without it the
+    bridge's MoE rows fell to float64's minimum allowance (the bridge census's 18 causal_outputs false alarms)."""
+    from harness.adapters import BridgeAdapter, placed
+
+    bridged = BridgeAdapter.from_hf(build("mixtral", "MixtralForCausalLM").eval())
+    twin = placed(bridged, dtype="float64")
+    tokens = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(twin(tokens).float(), bridged(tokens), atol=1e-4, rtol=1e-4)

@@ -225,6 +225,8 @@ def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
                            f"is the one choice)")
     twin = _deepcopy(model, {})
     twin.to(device=dev, dtype=dt)
+    if isinstance(twin, BridgeAdapter):
+        _experts_for(getattr(twin.bridge, "original_model", None), dt)  # the bridge runs the HF model's experts
     if isinstance(twin, BridgeAdapter) and dev is not None:
         twin._cfg = dataclasses.replace(twin._cfg, device=str(dev))  # TransformerLens reads cfg.device
     config = getattr(twin, "config", None)

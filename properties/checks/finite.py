@@ -9,7 +9,8 @@ up to ``MAX_OFFSET`` (where a rotary or learned table, or a bfloat16/float16 act
 overflow), with sequences as long as the windowed checks draw. Each input runs twice: without
 hooks (the model's fast kernel path) and with every hook point
 captured (which may switch a model to its explicit path). ``-inf`` is allowed only in
-``hook_attn_scores``, where it is how masked scores are written. Deviation: the number of
+``hook_attn_scores`` and in hooks of additive masks and biases (names ending ``_bias``/``_mask``), where it is
+how masked scores are written. Deviation: the number of
 non-finite entries (tolerance 0); the counterexample names the first hook, in forward order,
 where one appears, and its layer. Other calibrated rows on a model that goes non-finite say
 "not comparable" and point here (properties/precision.py).
@@ -32,7 +33,8 @@ MAX_OFFSET = 256  # as far as relative_position and rotary_norm move positions
 
 
 @model_property(name="finite_outputs", order=170, tolerance=0.0, judges_nonfinite=True,
-                rule="exact: the number of non-finite entries (-inf allowed only in hook_attn_scores)",
+                rule="exact: the number of non-finite entries (-inf allowed only in hook_attn_scores and additive "
+                     "mask/bias hooks)",
                 needs_doc="every hook that fires (none required)")
 def finite_outputs(case: Case) -> Plan:
     """Logits and every hooked activation are finite, padded rows (even all-masked queries) included."""

@@ -29,6 +29,18 @@ _LEAK = ("a masked pad's token id reaches the real tokens (MobileBERT's trigram 
 _MOSHI = ("MoshiConfig declares sliding_window (3000 by default, 'Sliding window attention window size'), but "
           "MoshiModel masks with create_causal_mask and MoshiAttention passes no sliding_window to its attention "
           "function: no window is applied, every query sees every earlier key.")
+_LENGTH = ("ProphetNet's decoder gives a position other logits when more positions follow it (position 0 moves by "
+           "~1.6e-3 in float64 when one token is appended, whatever its id), so cached decoding, which runs the "
+           "shorter sequence first, differs from a full recompute.")
+_OFFSET_LEAK = ("DeepSeek-V4's compressor groups keys into windows by token index but lets query t see window w when "
+                "(position_ids[t] + 1) // compress_rate > w: with position ids that do not start at 0 (an offset, "
+                "left padding) a query sees a compressed window holding later tokens, so earlier logits move when a "
+                "later token changes.")
+_CHUNK = ("RecurrentGemma's recurrent block takes every call of more than one token for a fresh prefill and drops the "
+          "conv and RG-LRU state its cache holds, so cached decoding in chunks of several tokens differs from a full "
+          "forward (one token at a time is exact).")
+_RECURRENT_LEAK = ("RecurrentGemma's recurrent blocks ignore attention_mask: a masked left pad's id reaches the real "
+                   "tokens through the temporal convolution.")
 LEFT_PAD_MOVES = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus",
                   "plbart", "prophetnet", "trocr", "whisper")
 PAD_LEAKS = ("convbert", "mobilebert", "yoso")
@@ -38,6 +50,10 @@ FINDINGS: tuple[Finding, ...] = (
     *(Finding(t, "padding_outputs", _POSITIONS, "left_padding_moves_positions") for t in LEFT_PAD_MOVES),
     *(Finding(t, "padding_outputs", _LEAK, "padding_leaks_into_real_tokens") for t in PAD_LEAKS),
     Finding("moshi", "sliding_window", _MOSHI, "window_ignored"),
+    Finding("prophetnet", "kv_cache", _LENGTH, "logits_depend_on_length"),
+    Finding("deepseek_v4", "relative_position", _OFFSET_LEAK, "future_leaks_after_an_offset"),
+    Finding("recurrent_gemma", "kv_cache", _CHUNK, "chunked_prefill_drops_state"),
+    Finding("recurrent_gemma", "padding_outputs", _RECURRENT_LEAK, "padding_leaks_into_real_tokens"),
 )
 
 

@@ -64,6 +64,94 @@ def padding_leaks_into_real_tokens(model_type: str) -> str:
     return f"{type(model).__name__}: the masked pad's id moves the real tokens' logits by {leak:.3g}"
 
 
+def _float64(model_type: str):
+    """The census model in float64 (MoE experts on transformers' eager loop: grouped_mm takes no float64), so a
+    witnessed gap is the model's computation, not rounding."""
+    model = _tiny(model_type)
+    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+        model.set_experts_implementation("eager")
+    return model.double().eval()
+
+
+def logits_depend_on_length(model_type: str = "prophetnet") -> str:
+    """ProphetNet's decoder gives position 0 other logits when the sequence is longer, whatever the later tokens
+    are: what a token predicts depends on how many positions follow it, so cached decoding (which runs the
+    shorter sequence first) cannot equal a full recompute.
+
+    Witness: the raw model in float64: position 0's logits for ``[0]`` against ``[0, 0]`` (differ), and ``[0, 0]``
+    against ``[0, 5]`` (equal: the later token's id reaches nothing); then cached decoding one token at a time
+    against the full forward.
+    """
+    model = _float64(model_type)
+    with torch.no_grad():
+        first = lambda ids: model(torch.tensor([ids])).logits[0, 0]  # noqa: E731
+        by_length = float((first([0]) - first([0, 0])).abs().max())
+        by_token = float((first([0, 0]) - first([0, 5])).abs().max())
+        tokens = torch.tensor([[0, 0, 5, 7]])
+        full = model(tokens).logits
+        out = model(tokens[:, :1], use_cache=True)
+        steps = [out.logits[:, -1]]
+        for i in range(1, tokens.shape[1]):
+            out = model(tokens[:, i:i + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits[:, -1])
+    cached = float((torch.stack(steps, 1) - full).abs().max())
+    assert by_length > 1e-6 and by_token < 1e-12 and cached > 1e-6, (by_length, by_token, cached)
+    return (f"{type(model).__name__} (float64): position 0's logits move by {by_length:.3g} when one token is "
+            f"appended, by {by_token:.3g} when that token's id changes; cached decoding is off the full forward by "
+            f"{cached:.3g}")
+
+
+def future_leaks_after_an_offset(model_type: str = "deepseek_v4") -> str:
+    """DeepSeek-V4's compressor groups keys into windows by token index but lets query t see window w when
+    ``(position_ids[t] + 1) // compress_rate > w``: with positions starting at 1, a query sees a window holding a
+    later token (modeling_deepseek_v4: ``causal_threshold = (position_ids + 1) // self.compress_rate``).
+
+    Witness: the raw model in float64, position_ids 1..4: positions 0..2's logits move when token 3 changes;
+    with position_ids 0..3 they do not.
+    """
+    model = _float64(model_type)
+    a, b = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[5, 6, 7, 9]])
+    moved = {}
+    with torch.no_grad():
+        for offset in (0, 1):
+            ids = torch.arange(4)[None] + offset
+            la, lb = model(a, position_ids=ids).logits, model(b, position_ids=ids).logits
+            moved[offset] = float((la[:, :3] - lb[:, :3]).abs().max())
+    assert moved[0] < 1e-12 and moved[1] > 1e-6, moved
+    return (f"{type(model).__name__} (float64): with positions 1..4 the logits of positions 0..2 move by "
+            f"{moved[1]:.3g} when token 3 changes (with positions 0..3: {moved[0]:.3g})")
+
+
+def chunked_prefill_drops_state(model_type: str = "recurrent_gemma") -> str:
+    """RecurrentGemma's recurrent block takes any call of more than one token for a fresh prefill: the conv and
+    RG-LRU state the cache held are dropped (modeling_recurrent_gemma: ``if position_ids.shape[1] != 1:  #
+    prefill``), so a cached call of several new tokens gives other logits than a full forward; one token at a
+    time is exact.
+
+    Witness: the raw model in float64 with a DynamicCache, as generate() passes it: prefill 2 then chunks of 1
+    (exact), and prefill 2 then a chunk of 3 (off).
+    """
+    from transformers.cache_utils import DynamicCache
+
+    model = _float64(model_type)
+    tokens = torch.tensor([[2, 1, 5, 7, 9, 3]])
+    gaps = {}
+    with torch.no_grad():
+        model(tokens[:, :2])  # no cache: its recurrent states set up afresh (RecurrentGemmaModel._setup_cache)
+        full = model(tokens, use_cache=False).logits
+        for split in ((2, 1, 1, 1, 1), (2, 1, 3)):
+            model.model._setup_cache(model.config, 1, tokens.device, torch.float64)
+            cache, outs, i = DynamicCache(config=model.config), [], 0
+            for n in split:
+                ids = torch.arange(i, i + n)[None]
+                outs.append(model(tokens[:, i:i + n], position_ids=ids, use_cache=True, cache=cache).logits)
+                i += n
+            gaps[split] = float((torch.cat(outs, 1) - full).abs().max())
+    assert gaps[(2, 1, 1, 1, 1)] < 1e-9 and gaps[(2, 1, 3)] > 1e-6, gaps
+    return (f"{type(model).__name__} (float64): cached chunks of one token equal the full forward to "
+            f"{gaps[(2, 1, 1, 1, 1)]:.3g}; a chunk of three after the prompt is off by {gaps[(2, 1, 3)]:.3g}")
+
+
 def window_ignored(model_type: str) -> str:
     """The config declares ``sliding_window`` but the model masks with plain ``create_causal_mask`` (no window
     overlay, no ``sliding_window`` passed to the attention function): every query sees every earlier key.
@@ -217,4 +305,5 @@ def bridge_v_before_v_norm(model_type: str) -> str:
 # witness name -> function of the model type (reports/census/findings.py names them)
 WITNESSES = {f.__name__: f for f in (falcon_census, left_padding_moves_positions, padding_leaks_into_real_tokens,
                                      window_ignored, bridge_not_causal, bridge_attn_scores_is_pattern,
-                                     bridge_z_is_o_proj_input, bridge_v_before_v_norm)}
+                                     bridge_z_is_o_proj_input, bridge_v_before_v_norm, logits_depend_on_length,
+                                     future_leaks_after_an_offset, chunked_prefill_drops_state)}
