@@ -241,3 +241,45 @@ def test_cached_decoding_hands_the_decoder_the_encoders_own_output(model_type, c
         second, _ = adapter.forward_with_cache(tok[:, 2:], past=past)
         full = adapter(tok, source_tokens=src)
     torch.testing.assert_close(torch.cat((first, second), 1), full, atol=1e-5, rtol=1e-5)
+
+
+def _bart_heads(encoder_heads: int, decoder_heads: int) -> BartForConditionalGeneration:
+    torch.manual_seed(0)
+    widths = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64,
+                  decoder_ffn_dim=64, max_position_embeddings=64)
+    return BartForConditionalGeneration(BartConfig(**widths, encoder_attention_heads=encoder_heads,
+                                                   decoder_attention_heads=decoder_heads)).eval()
+
+
+@pytest.mark.parametrize("encoder_heads, decoder_heads", [(2, 4), (4, 2)])
+def test_the_decoders_heads_are_declared_and_the_encoders_hooks_keep_their_own(encoder_heads, decoder_heads):
+    """BART's config maps num_attention_heads to encoder_attention_heads: the decoder's 4 heads were declared 2."""
+    model = _bart_heads(encoder_heads, decoder_heads)
+    adapter = adapt(model)
+    cfg = adapter.cfg
+    assert (cfg.n_heads, cfg.d_head, cfg.n_key_value_heads) == (decoder_heads, 32 // decoder_heads, decoder_heads)
+    assert (cfg.n_encoder_heads, cfg.d_encoder_head) == (encoder_heads, 32 // encoder_heads)
+    src, src_mask, tok, tok_mask = batch()
+    with torch.no_grad():
+        raw = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tok, decoder_attention_mask=tok_mask)
+        logits, cache = adapter.run_with_cache(tok, attention_mask=tok_mask, source_tokens=src, source_mask=src_mask)
+    assert (logits - raw.logits).abs().max().item() == 0.0
+    assert observed_hooks(adapter) == set(adapter.hook_dict)
+    (b, s), t = src.shape, tok.shape[1]
+    dec, enc = (decoder_heads, 32 // decoder_heads), (encoder_heads, 32 // encoder_heads)
+    for layer in (0, 1):
+        for h in ("hook_q", "hook_k", "hook_v", "hook_z"):
+            assert cache[encoder_hook(layer, f"attn.{h}")].shape == (b, s, *enc)
+            assert cache[f"blocks.{layer}.attn.{h}"].shape == (b, t, *dec)
+        assert cache[encoder_hook(layer, "attn.hook_pattern")].shape == (b, encoder_heads, s, s)
+        assert cache[f"blocks.{layer}.attn.hook_pattern"].shape == (b, decoder_heads, t, t)
+        for h, pos in (("hook_q", t), ("hook_k", s), ("hook_v", s), ("hook_z", t)):
+            assert cache[cross_attn_hook(layer, h)].shape == (b, pos, *dec)
+        assert cache[cross_attn_hook(layer, "hook_pattern")].shape == (b, decoder_heads, t, s)
+
+
+def test_mismatched_heads_pass_the_rows_the_matched_model_passes():
+    # before the decoder's heads were declared, attention_scale and kernel_consistency could not read the model
+    matched, mismatched = (rows(properties.check_model(adapt(_bart_heads(e, 4)), seed=0, max_examples=10))
+                           for e in (4, 2))
+    assert mismatched == matched and {s for s in matched.values()} == {"pass", "n/a"}

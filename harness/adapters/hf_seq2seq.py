@@ -48,7 +48,10 @@ from harness.model.seq2seq import DEFAULT_SOURCE_ID
 SELF_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
 # How modeling files name a decoder layer's cross-attention module (BART's encoder_attn, T5's EncDecAttention).
 CROSS_NAME = re.compile(r"encoder_attn|encdecattention|cross_?att", re.IGNORECASE)
-KEY_NAMES, VALUE_NAMES = ("k_proj", "key", "k"), ("v_proj", "value", "v")
+QUERY_NAMES, KEY_NAMES, VALUE_NAMES = ("q_proj", "query", "q"), ("k_proj", "key", "k"), ("v_proj", "value", "v")
+# How attention modules name their head count and width (BART num_heads/head_dim, T5 n_heads/key_value_proj_dim).
+HEAD_COUNT_NAMES, HEAD_DIM_NAMES = ("num_heads", "n_heads", "num_attention_heads"), \
+    ("head_dim", "key_value_proj_dim", "attention_head_size", "head_size")
 OUT_NAMES = (*routes.OUT_PROJ_NAMES, "o")  # T5 names its output projection o
 ENCODER, DECODER = "encoder", "decoder"
 
@@ -58,6 +61,10 @@ class Seq2SeqAdapterConfig(AdapterConfig):
     """:class:`AdapterConfig` of the decoder plus the encoder-decoder part of the protocol."""
 
     n_encoder_layers: int
+    # The encoder's own heads (BART's encoder_attention_heads may differ from decoder_attention_heads): the hooks
+    # under ``encoder.`` are [batch, src_pos, n_encoder_heads, d_encoder_head]; n_heads/d_head are the decoder's.
+    n_encoder_heads: Optional[int] = None
+    d_encoder_head: Optional[int] = None
     is_encoder_decoder: bool = True
 
 
@@ -152,6 +159,26 @@ def _child(attn: nn.Module, names: tuple[str, ...]) -> Optional[nn.Module]:
     return next((getattr(attn, n) for n in names if isinstance(getattr(attn, n, None), nn.Linear)), None)
 
 
+def _int_attr(module: nn.Module, names: tuple[str, ...]) -> Optional[int]:
+    values = (getattr(module, n, None) for n in names)
+    return next((v for v in values if isinstance(v, int) and not isinstance(v, bool)), None)
+
+
+def _head_shape(attn: nn.Module, default: tuple[int, int]) -> tuple[int, int, int]:
+    """(heads, d_head, key/value heads) of one attention module: its attributes, else its projections' widths (T5Gemma
+    keeps head_dim only: k_proj 32 / 16 = 2 key/value heads), else ``default``. Not the config's: BART's
+    num_attention_heads is encoder_attention_heads, which the decoder need not have."""
+    heads, dim = _int_attr(attn, HEAD_COUNT_NAMES), _int_attr(attn, HEAD_DIM_NAMES)
+    query, key = _child(attn, QUERY_NAMES), _child(attn, KEY_NAMES)
+    if dim is None:
+        dim = cast(nn.Linear, query).out_features // heads if query is not None and heads else default[1]
+    if heads is None:
+        heads = cast(nn.Linear, query).out_features // dim if query is not None else default[0]
+    kv = _int_attr(attn, ("num_key_value_heads",)) or (cast(nn.Linear, key).out_features // dim if key is not None
+                                                        else heads)
+    return heads, dim, kv
+
+
 class HFSeq2SeqAdapter(HFAdapter):
     """A ``transformers`` encoder-decoder behind the protocol (see the module docstring).
 
@@ -182,13 +209,16 @@ class HFSeq2SeqAdapter(HFAdapter):
         enc_attns = [_leaves(layer)[0][1] for layer in enc_layers]
         self.hf_model = hf_model.eval()
         self._layers, self._attns = dec_layers, [*self_attns, *cross_attns, *enc_attns]
-        base = read_design(hf_model, cast(list[Optional[nn.Module]], self_attns), head_dim(self_attns[0],
-                                                                                           hf_model.config))
+        # the config's fields (num_attention_heads) may name the encoder's heads: each stack's are read off its modules
+        fallback = (hf_model.config.get_text_config().num_attention_heads, head_dim(self_attns[0], hf_model.config))
+        heads, d_head, kv = _head_shape(self_attns[0], fallback)
+        enc_heads, enc_d_head, _ = _head_shape(enc_attns[0], fallback)
+        base = read_design(hf_model, cast(list[Optional[nn.Module]], self_attns), d_head)
         facts = {f.name: getattr(base, f.name) for f in fields(AdapterConfig)}
         relative = any(getattr(a, "has_relative_attention_bias", False) for a in self_attns)  # T5: layer 0's, shared
-        facts.update(adapter="HFSeq2SeqAdapter", relative_attention_bias=relative)
-        self._cfg = Seq2SeqAdapterConfig(**facts,
-                                         n_encoder_layers=len(enc_layers))
+        facts.update(adapter="HFSeq2SeqAdapter", relative_attention_bias=relative, n_heads=heads, n_key_value_heads=kv)
+        self._cfg = Seq2SeqAdapterConfig(**facts, n_encoder_layers=len(enc_layers), n_encoder_heads=enc_heads,
+                                         d_encoder_head=enc_d_head)
         self.route = self._choose_route(hf_model, self._attns)
         if self.route != routes.INTERFACE:
             raise AttnlabTypeError(f"architecture {arch!r} does not dispatch its attention through transformers' "
@@ -235,18 +265,20 @@ class HFSeq2SeqAdapter(HFAdapter):
         if norm is not None:
             self.ln_final = _LnFinal()
             hook(norm.register_forward_hook(self._out_hook(self.ln_final.hook_normalized)))
-        stacks = ((self.encoder.blocks, enc_layers, enc_attns, [None] * len(enc_attns)),
-                  (self.blocks, self._layers, self_attns, cross_attns))
-        for blocks, layers, attns, crosses in stacks:
+        d_encoder_head = cast(Seq2SeqAdapterConfig, self._cfg).d_encoder_head
+        stacks = ((self.encoder.blocks, enc_layers, enc_attns, [None] * len(enc_attns), d_encoder_head),
+                  (self.blocks, self._layers, self_attns, cross_attns, self._cfg.d_head))
+        for blocks, layers, attns, crosses, d_head in stacks:
             parts = zip(cast(list[_Block], list(blocks)), layers, attns, crosses, strict=True)
             for i, (block, layer, attn, cross) in enumerate(parts):
                 hook(layer.register_forward_pre_hook(self._pre_hook(block.hook_resid_pre), with_kwargs=True))
                 hook(layer.register_forward_hook(self._out_hook(block.hook_resid_post)))
-                self._tap(i, attn, block.attn, block.hook_attn_out)
+                self._tap(i, attn, block.attn, block.hook_attn_out, cast(int, d_head))
                 if cross is not None:
-                    self._tap(i, cross, block.cross_attn, block.hook_cross_attn_out, own_kv=True)
+                    self._tap(i, cross, block.cross_attn, block.hook_cross_attn_out, cast(int, d_head), own_kv=True)
 
-    def _tap(self, layer: int, attn: nn.Module, points: nn.Module, out_point: HookPoint, own_kv: bool = False) -> None:
+    def _tap(self, layer: int, attn: nn.Module, points: nn.Module, out_point: HookPoint, d_head: int,
+             own_kv: bool = False) -> None:
         """Point ``attn``'s attention call at ``points``; with ``own_kv``, K/V fire from their projections."""
         names = {name: getattr(points, name) for name in SELF_HOOKS}
         if own_kv:  # the attention function sees cached K/V too: those must not fire hook_k/hook_v
@@ -257,7 +289,7 @@ class HFSeq2SeqAdapter(HFAdapter):
                                            f"hook cross-attention's {name} on")
                 self._handles.append(proj.register_forward_hook(self._heads_hook(names.pop(name))))
                 names[name] = HookPoint()  # idle: the attention function skips it
-        tap = attention.LayerTap(layer, names, self._base, False, self._cfg.d_head)
+        tap = attention.LayerTap(layer, names, self._base, False, d_head)  # its own stack's head width
         attention.TAPS[attn] = tap
         self._taps.append(tap)
         self._handles.append(attn.register_forward_pre_hook(self._enter(tap)))
