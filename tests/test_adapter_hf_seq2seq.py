@@ -283,3 +283,24 @@ def test_mismatched_heads_pass_the_rows_the_matched_model_passes():
     matched, mismatched = (rows(properties.check_model(adapt(_bart_heads(e, 4)), seed=0, max_examples=10))
                            for e in (4, 2))
     assert mismatched == matched and {s for s in matched.values()} == {"pass", "n/a"}
+
+
+def test_grouped_cross_attention_keys_fire_one_head_per_query_head():
+    """T5Gemma's cross-attention projects 2 key/value heads for 4 query heads: cross_attn.hook_k/hook_v fire
+    [batch, src_pos, 4, 16] (each key/value head repeated to its query heads), not k_proj's 32 features cut in 4."""
+    from reports.census.shrink import build
+
+    adapter = adapt(build("t5gemma", "T5GemmaForConditionalGeneration").eval())
+    cfg = adapter.cfg
+    assert (cfg.n_heads, cfg.d_head, cfg.n_key_value_heads) == (4, 16, 2)
+    src, tok = torch.tensor([[3, 4, 5, 6]]), torch.tensor([[2, 3, 4]])
+    with torch.no_grad():
+        plain, cache = adapter.run_with_cache(tok, source_tokens=src)
+        key = cache[cross_attn_hook(0, "hook_k")]
+        assert key.shape == (1, 4, 4, 16) and torch.equal(key[:, :, 0], key[:, :, 1])
+        zeroed = adapter.run_with_hooks(tok, source_tokens=src,
+                                        fwd_hooks=[(cross_attn_hook(0, "hook_v"), lambda t, hook: t * 0)])
+        assert (zeroed - plain).abs().max() > 1e-3  # a group-consistent edit reaches the output
+        with pytest.raises(AttnlabError, match="share a key/value head"):
+            adapter.run_with_hooks(tok, source_tokens=src, fwd_hooks=[(cross_attn_hook(0, "hook_v"),
+                                                                      lambda t, hook: t * torch.arange(4.0)[:, None])])

@@ -313,12 +313,22 @@ class HFSeq2SeqAdapter(HFAdapter):
         return hook
 
     def _heads_hook(self, point: HookPoint) -> Any:
-        n_heads = self._cfg.n_heads
+        """A K/V projection's output as [batch, src_pos, n_heads, d_head]: grouped K/V heads (T5Gemma's 2 for 4 query
+        heads) repeated to every query head, as HFAdapter's hook_k; an edit must be the same across a group."""
+        n_heads, d_head = self._cfg.n_heads, self._cfg.d_head
 
         def hook(module: nn.Module, args: Any, output: Tensor) -> Any:
             if not active(point):
                 return None
-            y = point(output.unflatten(-1, (n_heads, -1)))  # [batch, src_pos, n_heads, d_head]
+            kv = output.unflatten(-1, (-1, d_head))  # [batch, src_pos, n_kv_heads, d_head]
+            n_rep = n_heads // kv.shape[-2]
+            y = point(kv.repeat_interleave(n_rep, dim=-2))
+            if n_rep > 1:
+                groups = y.unflatten(-2, (-1, n_rep))
+                if not torch.equal(groups, groups[..., :1, :].expand_as(groups)):
+                    raise AttnlabError(f"an edit of {point.name} differs between query heads that share a key/value "
+                                       "head (grouped-query attention): expected one edit per group")
+                y = groups[..., 0, :]
             return y.flatten(-2)
         return hook
 
