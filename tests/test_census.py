@@ -158,3 +158,15 @@ def test_rotary_bases_keyed_by_layer_type():
 def test_a_masked_lm_without_is_causal_flags_is_bidirectional():
     assert _adapter("deberta").cfg.attention_dir == "bidirectional"
     assert _adapter("llama").cfg.attention_dir == "causal"
+
+
+@pytest.mark.parametrize("model_type, class_name", [("nllb-moe", "NllbMoeForConditionalGeneration"),
+                                                    ("switch_transformers", "SwitchTransformersForConditionalGeneration")])
+def test_the_shrink_keeps_expert_layers_in_a_shallow_stack(model_type, class_name):
+    """A sparse step of 4 (NLLB-MoE) or Switch's derived step over 2 shrunk layers gave no expert layer at all:
+    the census never met the router. Every shrunk layer routes through experts now."""
+    from reports.census.shrink import build
+
+    model = build(model_type, class_name)
+    routers = [n for n, _ in model.named_modules() if n.endswith(".router")]
+    assert len(routers) == 4, routers  # 2 encoder + 2 decoder layers

@@ -136,6 +136,12 @@ def shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = min(value, VOCAB)
         elif key in ("n_group", "topk_group", "first_k_dense_replace"):
             out[key] = min(value, 1)
+        elif key.endswith("sparse_step"):
+            # every n-th layer routes through experts (NLLB-MoE's default 4, Switch's derived step): kept at n the
+            # 2 shrunk layers hold no expert layer, and the census never meets the router; 1: every layer does
+            out[key] = min(value, 1)
+        elif key.startswith("num_sparse_") and key.endswith("_layers"):
+            out[key] = min(value, n_new)  # Switch: sparse layers per stack, at most the stack's shrunk depth
         elif key.endswith("_period"):
             out[key] = min(value, 2)
         elif key.endswith("_offset") and key.startswith(("attn_", "expert_")):
