@@ -160,8 +160,10 @@ def test_a_masked_lm_without_is_causal_flags_is_bidirectional():
     assert _adapter("llama").cfg.attention_dir == "causal"
 
 
-@pytest.mark.parametrize("model_type, class_name", [("nllb-moe", "NllbMoeForConditionalGeneration"),
-                                                    ("switch_transformers", "SwitchTransformersForConditionalGeneration")])
+@pytest.mark.parametrize("model_type, class_name", [
+    ("nllb-moe", "NllbMoeForConditionalGeneration"),
+    ("switch_transformers", "SwitchTransformersForConditionalGeneration"),
+])
 def test_the_shrink_keeps_expert_layers_in_a_shallow_stack(model_type, class_name):
     """A sparse step of 4 (NLLB-MoE) or Switch's derived step over 2 shrunk layers gave no expert layer at all:
     the census never met the router. Every shrunk layer routes through experts now."""
