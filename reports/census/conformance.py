@@ -86,11 +86,7 @@ def table_markdown(results: list[Result], raw: Raw) -> str:
 
 
 def findings_markdown(results: list[Result]) -> str:
-    failed = {(r.model_type, p): ce for r in results for p, ce in r.failures.items()}
-    lines = [f"- **{f.model_type}, `{f.prop}`**: {f.summary} Counterexample: "
-             f"`{failed.get((f.model_type, f.prop), '(not in this run)')}`. Witness: "
-             f"`tests/helpers/census_witness.py::{f.witness}`." for f in BRIDGE_FINDINGS]
-    return "\n".join(lines) if lines else "None yet."
+    return render.findings_markdown(results, BRIDGE_FINDINGS)
 
 
 def untriaged_markdown(results: list[Result], raw: Raw) -> str:

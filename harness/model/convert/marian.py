@@ -180,8 +180,9 @@ class _Copier:
         self.linear(ours.mlp.w_out.weight, ours.mlp.w_out.bias, theirs.fc2, reads=False, writes=True)
 
 
-def _self_o(model: EncoderDecoder, layer: int) -> Tensor:
-    """The decoder's self-attention output projection, a head mask's pruned heads' columns zeroed."""
+def masked_o_weight(model: Any, layer: int) -> Tensor:
+    """Self-attention output projection ``[d_model, n_heads * d_head]`` of ``model.blocks[layer]`` (our Transformer,
+    or an EncoderDecoder's decoder), the columns of the heads its head mask prunes zeroed."""
     w = _blocks(model.blocks)[layer].attn.o.weight.detach().clone()
     mask = head_mask_of(model)
     if mask is not None:
@@ -205,7 +206,7 @@ def copy_weights(model: EncoderDecoder, hf: Any, *, to_marian: bool) -> None:
         c.norm(ours.ln2, theirs.final_layer_norm)
     for i, (ours, theirs) in enumerate(zip(_blocks(model.blocks), m.decoder.layers, strict=True)):
         block = cast(DecoderBlock, ours)
-        c.attention(_self_o(model, i) if to_marian else ours.attn.o.weight, ours.attn, theirs.self_attn)
+        c.attention(masked_o_weight(model, i) if to_marian else ours.attn.o.weight, ours.attn, theirs.self_attn)
         c.norm(ours.ln1, theirs.self_attn_layer_norm)
         c.cross(block.cross_attn, theirs.encoder_attn)
         c.norm(block.ln_cross, theirs.encoder_attn_layer_norm)

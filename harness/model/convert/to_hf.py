@@ -35,8 +35,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import ModelConfig
-from harness.model.convert.marian import check_marian, to_marian
-from harness.model.head_mask import head_mask_of
+from harness.model.convert.marian import check_marian, masked_o_weight, to_marian
 from harness.model.layers import Block, Norm
 from harness.model.positions import sinusoidal_table
 from harness.model.seq2seq import EncoderDecoder, Seq2SeqConfig
@@ -155,18 +154,6 @@ def _put(dst: Tensor, src: Optional[Tensor]) -> None:
     dst.copy_(src.detach().to(dtype=dst.dtype, device=dst.device))
 
 
-def _o_weight(model: Transformer, layer: int) -> Tensor:
-    """Our output projection ``[d_model, n_heads * d_head]``, the columns of masked heads zeroed."""
-    w = _blocks(model)[layer].attn.o.weight.detach().clone()
-    mask = head_mask_of(model)
-    if mask is not None:
-        dh = cast(int, model.config.d_head)
-        for h, keep in enumerate(mask[layer]):
-            if not keep:
-                w[:, h * dh:(h + 1) * dh] = 0
-    return w
-
-
 def _position_table(model: Transformer) -> Optional[Tensor]:
     """GPT-2's ``wpe`` for our positions: the learned table, our sinusoids at 0..n_ctx-1, or None (zeros)."""
     cfg = model.config
@@ -201,7 +188,7 @@ def _gpt2_copy(model: Transformer, hf: Any) -> None:
         # HF's Conv1D stores [in, out] (x @ W); nn.Linear stores [out, in]: transpose both ways.
         _put(theirs.attn.c_attn.weight, cast(Tensor, _mha_qkv(model, ours.attn.qkv.weight)).T)
         _put(theirs.attn.c_attn.bias, _mha_qkv(model, ours.attn.qkv.bias))
-        _put(theirs.attn.c_proj.weight, _o_weight(model, i).T)
+        _put(theirs.attn.c_proj.weight, masked_o_weight(model, i).T)
         _put(theirs.attn.c_proj.bias, ours.attn.o.bias)
         _put(theirs.ln_1.weight, cast(Norm, ours.ln1).w)
         _put(theirs.ln_1.bias, cast(Norm, ours.ln1).b)
@@ -234,7 +221,7 @@ def _llama_copy(model: Transformer, hf: Any) -> None:
         q, k, v = ours.attn.qkv.weight.split([q_rows, kv_rows, kv_rows])
         for proj, w in ((a.q_proj, q), (a.k_proj, k), (a.v_proj, v)):
             _put(proj.weight, w)
-        _put(a.o_proj.weight, _o_weight(model, i))
+        _put(a.o_proj.weight, masked_o_weight(model, i))
         if cfg.attn_bias:
             qb, kb, vb = ours.attn.qkv.bias.split([q_rows, kv_rows, kv_rows])
             for proj, b in ((a.q_proj, qb), (a.k_proj, kb), (a.v_proj, vb), (a.o_proj, ours.attn.o.bias)):
