@@ -29,6 +29,9 @@ ran (:meth:`Budget.text`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -44,6 +47,26 @@ TWIN_BYTES = 8  # per parameter: the float64 twin
 # passes an example may take, at most (batch_independence: a batch of 3 and each row alone; finite_outputs with
 # <bos>: 4): a row whose planned examples cannot exceed the budget at this many is searched as without one
 MAX_PASSES = 8
+
+
+# True inside check_model(..., budget=True): an explicit max_examples is then a cap the row's budget may lower
+# (`attnlab check --max-examples N`), not an exact count
+_CAP: ContextVar[bool] = ContextVar("attnlab_budget_caps_max_examples", default=False)
+
+
+@contextmanager
+def capping(on: bool) -> Iterator[None]:
+    """Within the block an explicit ``max_examples`` is budgeted like a default one (``on``), or exact."""
+    token = _CAP.set(on)
+    try:
+        yield
+    finally:
+        _CAP.reset(token)
+
+
+def budgeted(max_examples: Optional[int]) -> bool:
+    """Whether a row searched with ``max_examples`` runs within its pass budget."""
+    return max_examples is None or _CAP.get()
 
 
 def parameter_count(model: Any) -> int:

@@ -39,6 +39,21 @@ class Cost:
 _ACTIVE: ContextVar[tuple[Cost, ...]] = ContextVar("attnlab_cost_counting", default=())
 
 
+_SETUP: ContextVar[bool] = ContextVar("attnlab_cost_setup", default=False)
+
+
+@contextmanager
+def setup() -> Iterator[None]:
+    """Passes inside the block are the model's one-time set-up, not a row's: the golden twin's making
+    (properties/precision.py: the determinism probe, the twin's first look) is paid by whichever row comes
+    first, so counting it would make a row's cost depend on which rows ran before it."""
+    token = _SETUP.set(True)
+    try:
+        yield
+    finally:
+        _SETUP.reset(token)
+
+
 @contextmanager
 def one_pass() -> Iterator[None]:
     """The block is one pass of the checked model: counted once, also where the forward hooks do not see it."""
@@ -58,7 +73,7 @@ def counting(model: Any) -> Iterator[Cost]:
     depth = [0]  # protocol models entered and not yet left: an adapter may wrap another HookedRootModule
 
     def enter(module: nn.Module, args: Any) -> None:
-        if not isinstance(module, HookedRootModule):
+        if not isinstance(module, HookedRootModule) or _SETUP.get():
             return
         if depth[0] == 0:
             if module is model:
@@ -68,7 +83,7 @@ def counting(model: Any) -> Iterator[Cost]:
         depth[0] += 1
 
     def leave(module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(module, HookedRootModule):
+        if isinstance(module, HookedRootModule) and not _SETUP.get():
             depth[0] = max(0, depth[0] - 1)
 
     handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, always_call=True)]

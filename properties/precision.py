@@ -69,6 +69,7 @@ from harness.adapters import protocol
 from harness.adapters.dispatch import is_dispatched
 from harness.adapters.placement import placed
 from harness.errors import AttnlabError
+from properties import cost
 from properties.design import model_dtype, unit_roundoff
 
 FACTOR = 4.0
@@ -193,6 +194,11 @@ def golden_twin(model: Any) -> Optional[Any]:
     cached = _TWINS.get(model)
     if cached is not None and cached[0] == key:
         return cached[1]
+    with cost.setup():  # made once per model: not a row's passes (properties/cost.py)
+        return _make_twin(model, key)
+
+
+def _make_twin(model: Any, key: tuple[int, ...]) -> Optional[Any]:
     if not _deterministic(model):
         # a model that differs from itself (dropout left on in eval, torchtune #1791) would put its own
         # randomness into the floor and hide behind it: no twin, the check's declared tolerance

@@ -35,7 +35,7 @@ from hypothesis.strategies import SearchStrategy
 from harness.adapters.dispatch import NO_TWIN, is_dispatched
 from harness.adapters.protocol import ATTENTION_DIRS, POSITIONAL_TYPES, check_protocol, observed_hooks
 from harness.errors import AttnlabError
-from properties.budget import Budget
+from properties.budget import Budget, budgeted
 from properties.cost import counting
 from properties.design import model_dtype
 from properties.precision import HIDDEN, coarse, noise_for
@@ -296,7 +296,7 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
                                           info=plan.info, noise=watch, drawn=drawn, replay=replay)
             # max_examples left to the suite: a big model's passes are budgeted by its size (properties/budget.py)
             planned = max_examples or cast(settings, settings.default).max_examples
-            budget = Budget.of(model, planned) if max_examples is None and not shadow else None
+            budget = Budget.of(model, planned) if budgeted(max_examples) and not shadow else None
             if budget is None:
                 result = searching(max_examples=max_examples)
             else:

@@ -16,8 +16,9 @@ from harness.adapters.entry import adapt, describe
 from harness.adapters.function import FunctionModel
 from harness.adapters.placement import placed, placement_of
 from harness.adapters.protocol import AnyModel, ProtocolModel, check_protocol, observed_hooks
-from harness.errors import AttnlabError
+from harness.errors import AttnlabError, AttnlabTypeError
 from properties import checks as checks  # imported for its effect: every property registers itself
+from properties.budget import capping
 from properties.cost import COST_COLUMNS, counting
 from properties.precision import fingerprint
 from properties.registry import SUITE, Check
@@ -51,7 +52,7 @@ def _state(model: Any) -> tuple[Any, ...]:
 def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] = None,
                 properties: Optional[list[str]] = None, cfg: Any = None, dtype: Optional[str] = None,
                 device: Any = None, attn_implementation: Optional[str] = None,
-                threads: Optional[int] = THREADS) -> pd.DataFrame:
+                threads: Optional[int] = THREADS, budget: bool = False) -> pd.DataFrame:
     """Run the property checks on a model that follows the protocol; one row per property.
 
     Columns: :data:`COLUMNS` (``property, applicable, passed, worst, tolerance, noise_floor, allowance,
@@ -76,15 +77,20 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     "bfloat16", "float16", "float64"), ``device`` and ``attn_implementation`` run a copy of the model
     there (:func:`harness.adapters.placed`; the caller's model is never cast); ``frame.attrs`` records
     what ran (``dtype``, ``device``, ``attn_implementation``). ``threads``: torch's CPU threads while it
-    runs (restored after; None keeps the caller's setting), default :data:`THREADS`.
+    runs (restored after; None keeps the caller's setting), default :data:`THREADS`. ``budget``: an explicit
+    ``max_examples`` is a cap that each row's pass budget may lower on a large model, as a default one is
+    (properties/budget.py; `attnlab check` runs so), not an exact count.
     """
     check_search_args(seed, max_examples)
     check_positive_int("threads", threads, none_ok=True)
+    if not isinstance(budget, bool):
+        raise AttnlabTypeError(f"budget={budget!r} is invalid: expected True or False")
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
-        return _check(model, seed=seed, max_examples=max_examples, properties=properties, cfg=cfg, dtype=dtype,
-                      device=device, attn_implementation=attn_implementation)
+        with capping(budget):
+            return _check(model, seed=seed, max_examples=max_examples, properties=properties, cfg=cfg, dtype=dtype,
+                          device=device, attn_implementation=attn_implementation)
     finally:
         torch.set_num_threads(before)
 

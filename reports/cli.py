@@ -181,11 +181,14 @@ def train(run_dir: str, preset_name: Optional[str], resume: bool, overwrite: boo
 @click.option("--seed", type=click.IntRange(min=0), default=defaults.SEED, show_default=True,
               help="Seed of the searches (and of --hf config.json random weights).")
 @click.option("--max-examples", type=click.IntRange(min=1), default=defaults.MAX_EXAMPLES, show_default=True,
-              help="Hypothesis examples per property.")
+              help="Hypothesis examples per property (at most, under --budget).")
+@click.option("--budget/--no-budget", default=defaults.BUDGET, show_default=True,
+              help="A model over ~1.8M parameters runs fewer examples, within each property's pass budget (the "
+                   "row's reason says how many); --no-budget runs exactly --max-examples.")
 @placement_options
 @_progress_opt
 def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out: Optional[str], seed: int,
-          max_examples: int, dtype: str, device: Optional[str], attn_implementation: Optional[str],
+          max_examples: int, budget: bool, dtype: str, device: Optional[str], attn_implementation: Optional[str],
           progress: Optional[bool]) -> None:
     """Run the property suite on a trained run -> RUN_DIR/properties.csv, and print the table.
 
@@ -200,7 +203,7 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
         click.echo(f"checking {ext.card['arch']} through {ext.card['adapter']} in {ext.card['dtype']} on "
                    f"{ext.card['device']} ({ext.card['attn_implementation']})")
     table = pipeline.check(run_dir, seed=seed, max_examples=max_examples, progress=progress,
-                           model=None if ext is None else ext.model, **where)
+                           model=None if ext is None else ext.model, budget=budget, **where)
     shown = table.assign(result=[str(s).upper() if s == "fail" else s for s in table["status"]] if "status" in table
                          else [("pass" if p else "FAIL") if a else "n/a"
                                for a, p in zip(table["applicable"], table["passed"], strict=True)])

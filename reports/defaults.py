@@ -22,6 +22,7 @@ ATTN_IMPLEMENTATION = None  # the checkpoint's own attention kernel (Hugging Fac
 
 # check
 MAX_EXAMPLES = 25  # hypothesis examples per property: the `ci` profile's budget
+BUDGET = True  # a model over ~1.8M parameters runs fewer, within each row's pass budget (properties/budget.py)
 SEED = 0  # the property searches' seed; also --hf config.json random weights and the --task batch
 
 # probe

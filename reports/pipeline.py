@@ -35,6 +35,7 @@ from harness.training.tasks import make_task
 from reports import figures, rundata
 from reports.defaults import (
     ATTN_IMPLEMENTATION,
+    BUDGET,
     DEVICE,
     DTYPE,
     MAX_EXAMPLES,
@@ -86,13 +87,15 @@ def _load(run_dir: str | os.PathLike):
 # --- check ---------------------------------------------------------------------------------------
 def check(run_dir: str | os.PathLike, *, seed: int = SEED, max_examples: int = MAX_EXAMPLES,
           progress: Optional[bool] = None, model: Any = None, dtype: Optional[str] = DTYPE,
-          device: Optional[str] = DEVICE, attn_implementation: Optional[str] = ATTN_IMPLEMENTATION) -> pd.DataFrame:
+          device: Optional[str] = DEVICE, attn_implementation: Optional[str] = ATTN_IMPLEMENTATION,
+          budget: bool = BUDGET) -> pd.DataFrame:
     """Run the property suite on the run's model; writes ``properties.csv`` and returns the table.
 
     ``model`` (one from outside attnlab, behind the protocol: :func:`reports.external.open_model`)
     is checked instead of a trained run's, its results written into ``run_dir``. ``dtype``,
     ``device`` and ``attn_implementation`` say where it runs (:func:`_placed`); ``table.attrs``
-    records what ran.
+    records what ran. ``budget``: ``max_examples`` is a cap that a large model's pass budget lowers row by row
+    (``properties.check_model(budget=True)``; the row's reason says how many ran), else an exact count.
     """
     check_positive_int("max_examples", max_examples)
     check_int("seed", seed, 0)
@@ -105,7 +108,8 @@ def check(run_dir: str | os.PathLike, *, seed: int = SEED, max_examples: int = M
     names = list(properties.PROPERTIES)
     rows = []
     for name in tqdm(names, desc="properties", unit="property", disable=_quiet(progress)):
-        rows.append(properties.check_model(model, seed=seed, max_examples=max_examples, properties=[name]))
+        rows.append(properties.check_model(model, seed=seed, max_examples=max_examples, properties=[name],
+                                           budget=budget))
     table = pd.concat(rows, ignore_index=True)
     table.attrs.update({k: rows[0].attrs.get(k) for k in ("adapter", "dtype", "device", "attn_implementation")})
     _write_csv(table, RunDir(path).properties_csv, index=False)

@@ -14,6 +14,7 @@ from hypothesis import settings
 
 from harness import ModelConfig, Transformer
 from harness.adapters import adapt
+from harness.errors import AttnlabError
 from properties import budget, check_model
 from properties.cost import counting, one_pass
 from tests.mutants.catalogue import MUTANTS
@@ -96,3 +97,16 @@ def test_a_cached_decoding_step_is_a_pass_whether_or_not_forward_sees_it():
         with one_pass():
             own.forward_with_cache(x)
     assert cost.model_passes == 1
+
+
+def test_budget_true_makes_an_explicit_max_examples_a_cap(priced_as_gpt2):
+    """`attnlab check --max-examples 25` (budget on, its default): a large model's rows run within their budget;
+    `--no-budget` runs exactly 25 (check_model's budget=False, the API's default)."""
+    model = tiny(positional_embedding_type="rotary")
+    capped = ran(check_model(model, max_examples=25, budget=True, properties=["causal_outputs"]))
+    assert capped.reason.str.contains("budget: \\d+ of 25 examples").all(), capped.reason.to_dict()
+    exact = ran(check_model(model, max_examples=25, properties=["causal_outputs"]))
+    assert not exact.reason.str.contains("budget:").any()
+    assert int(exact.model_passes.iloc[0]) > int(capped.model_passes.iloc[0])
+    with pytest.raises(AttnlabError, match="budget='yes' is invalid"):
+        check_model(model, budget="yes")
