@@ -113,3 +113,16 @@ def test_cached_decoding_continues_the_cache_a_model_made_for_itself(recurrent_g
                 logits, past = recurrent_gemma.forward_with_cache(tokens[:, i:i + 1], past=past)
                 steps.append(logits)
             torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_the_bridge_keeps_a_hybrid_models_design():
+    """design_of reads a hybrid stack's attention layers as HFAdapter does (it raised on RecurrentGemma, so the
+    bridge fell back to textbook facts and failed relative_position): the model-wide facts carry over to the
+    bridge's every-layer cfg, the per-layer ones cannot be matched up and are left undeclared."""
+    from harness.adapters import BridgeAdapter
+    from harness.adapters.hf_design import design_of
+
+    assert design_of(build("recurrent_gemma", "RecurrentGemmaForCausalLM")).n_layers == 1  # its attention layer
+    bridged = BridgeAdapter.from_hf(build("recurrent_gemma", "RecurrentGemmaForCausalLM").eval())
+    assert bridged.cfg.n_layers == 3 and "resets at position 0" in bridged.cfg.absolute_positions
+    assert bridged.cfg.attn_scales is None and bridged.cfg.sliding_window is None

@@ -11,6 +11,7 @@ rule into Hugging Face ``position_ids``.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any, Optional
 
@@ -38,6 +39,10 @@ def is_bridge(obj: Any) -> bool:
     # entry point would pay for a model that is not one.
     module = sys.modules.get("transformer_lens.model_bridge")
     return module is not None and isinstance(obj, module.TransformerBridge)
+
+
+# DesignFacts fields that hold one value per layer
+PER_LAYER_FACTS = ("attn_scales", "sliding_window", "attention_sinks", "rotary_layers")
 
 
 class BridgeAdapter(HookedRootModule):
@@ -80,8 +85,15 @@ class BridgeAdapter(HookedRootModule):
         if direction not in ATTENTION_DIRS:
             raise AttnlabTypeError(f"bridge cfg.attention_dir={direction!r} is not one of {list(ATTENTION_DIRS)}")
         facts: dict[str, Any] = {}
-        if design is not None and design.n_layers == cfg.n_layers:
+        if design is not None:
             facts = design_facts(design)
+            if design.n_layers != cfg.n_layers:
+                # a hybrid stack: HFAdapter's blocks are its attention layers, the bridge's every layer. The model's
+                # facts hold (RecurrentGemma's reset at position 0); the per-layer ones cannot be matched up
+                facts.update({name: None for name in PER_LAYER_FACTS})
+                uniform = design.attn_scales is None or len(set(design.attn_scales)) == 1
+                facts.update(attn_scale=design.attn_scale if uniform else None)
+                design = dataclasses.replace(design, attn_scales=None)
             if design.attn_scales is not None:
                 # the bridge's hook_q is q as the projection gives it, before a pre-scale (OPT) the HF route's
                 # hook_q already carries: the factor on it is the whole scale

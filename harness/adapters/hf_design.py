@@ -423,7 +423,9 @@ def design_of(hf_model: nn.Module) -> AdapterConfig:
     """The HFAdapter ``cfg`` of ``hf_model`` without wrapping it (what :class:`BridgeAdapter` declares)."""
     config = hf_model.config
     layers = routes.find_layers(hf_model, getattr(_text_config(config), "num_hidden_layers", None))
-    attns = [routes.attention_module(layer) for layer in layers] if layers is not None else []
+    # a hybrid stack's attention layers, as HFAdapter takes them (RecurrentGemma, Jamba)
+    ids = routes.attention_layer_ids(layers) if layers is not None else []
+    attns = [routes.attention_module(layers[i]) for i in ids] if layers is not None else []
     if not attns or any(a is None for a in attns):
         raise AttnlabTypeError(f"{type(hf_model).__name__} has no stack of attention blocks to read a design from")
-    return read_design(hf_model, attns, head_dim(cast(nn.Module, attns[0]), config))
+    return read_design(hf_model, attns, head_dim(cast(nn.Module, attns[0]), config), layer_ids=ids)

@@ -39,6 +39,8 @@ _OFFSET_LEAK = ("DeepSeek-V4's compressor groups keys into windows by token inde
 _CHUNK = ("RecurrentGemma's recurrent block takes every call of more than one token for a fresh prefill and drops the "
           "conv and RG-LRU state its cache holds, so cached decoding in chunks of several tokens differs from a full "
           "forward (one token at a time is exact).")
+_JAMBA_CHUNK = ("Jamba's cached decoding of a chunk of several new tokens gives other logits than a full forward "
+                "(2.3e-6 in float64, its Mamba mixer's multi-token path under a cache); one token at a time is exact.")
 _RECURRENT_LEAK = ("RecurrentGemma's recurrent blocks ignore attention_mask: a masked left pad's id reaches the real "
                    "tokens through the temporal convolution.")
 LEFT_PAD_MOVES = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus",
@@ -54,6 +56,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("deepseek_v4", "relative_position", _OFFSET_LEAK, "future_leaks_after_an_offset"),
     Finding("recurrent_gemma", "kv_cache", _CHUNK, "chunked_prefill_drops_state"),
     Finding("recurrent_gemma", "padding_outputs", _RECURRENT_LEAK, "padding_leaks_into_real_tokens"),
+    Finding("jamba", "kv_cache", _JAMBA_CHUNK, "cached_chunk_differs"),
 )
 
 
@@ -99,22 +102,10 @@ class Diagnosis:
     cause: str
 
 
-MOE_TWIN = ("deepseek_v4", "ernie4_5_moe", "flex_olmo", "glm4_moe", "gpt_oss", "granitemoe", "jamba", "laguna",
-            "minimax_m2", "mixtral", "nemotron_h", "olmoe", "qwen2_moe", "qwen3_5_moe", "qwen3_5_moe_text",
-            "qwen3_moe", "qwen3_next", "sarvam_moe")
-BRIDGE_DIAGNOSES: tuple[Diagnosis, ...] = (
-    Diagnosis("causal_outputs", MOE_TWIN,
-              "attnlab's false alarm: harness/adapters/placement.placed switches a float64 HFAdapter copy's MoE "
-              "experts to transformers' eager loop (grouped_mm takes no float64) but not a BridgeAdapter copy's, so "
-              "the bridge's golden twin raises and the calibrated allowance falls to float64's minimum (noise floor 0, "
-              "allowance ~6e-14) instead of the declared 1e-4; the deviation (1e-8..1e-7 of the logits' scale) is "
-              "float32 rounding that the raw model shows too (mixtral: position 0 moves by 6e-8 in both). With the "
-              "twin's experts on eager every one of these passes (checked by hand, causal_outputs, seed 0)."),
-    Diagnosis("finite_outputs", ("deepseek_v4",),
-              "attnlab's false alarm: the bridge's extra hook blocks.3.attn.compressor.hook_block_bias carries "
-              "DeepSeek-V4's additive block mask, -inf off the selected blocks by design (modeling_deepseek_v4 "
-              "compressor: new_full(-inf) then scatter 0); finite_outputs allows -inf only in hook_attn_scores."),
-)
+# None open. The two causes diagnosed when the bridge census was first run are fixed: a float64 BridgeAdapter copy
+# now runs MoE experts eagerly (harness/adapters/placement.py; 18 causal_outputs false alarms), and -inf is a mask
+# in additive *_bias/*_mask hooks (properties/precision.nonfinite_mask; DeepSeek-V4's compressor block mask).
+BRIDGE_DIAGNOSES: tuple[Diagnosis, ...] = ()
 
 
 def for_type(model_type: str) -> dict[str, Finding]:

@@ -152,6 +152,32 @@ def chunked_prefill_drops_state(model_type: str = "recurrent_gemma") -> str:
             f"{gaps[(2, 1, 1, 1, 1)]:.3g}; a chunk of three after the prompt is off by {gaps[(2, 1, 3)]:.3g}")
 
 
+def cached_chunk_differs(model_type: str = "jamba") -> str:
+    """Jamba's cached decoding of a chunk of several new tokens gives other logits than a full forward (its Mamba
+    mixer's multi-token path under a cache), while one token at a time is exact: not rounding, it holds in float64.
+
+    Witness: the raw model in float64 through its own returned cache: prompt 1 then chunks (1, 1), and prompt 1
+    then one chunk of 2, each against the full forward.
+    """
+    model = _float64(model_type)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    tokens = torch.tensor([[1, 0, 1]])
+    gaps = {}
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+        for split in ((1, 1, 1), (1, 2)):
+            cache, outs, i = None, [], 0
+            for n in split:
+                out = model(tokens[:, i:i + n], use_cache=True, **({} if cache is None else {name: cache}))
+                cache = getattr(out, "cache", None) if hasattr(out, "cache") else out.past_key_values
+                outs.append(out.logits)
+                i += n
+            gaps[split] = float((torch.cat(outs, 1) - full).abs().max())
+    assert gaps[(1, 1, 1)] < 1e-12 and gaps[(1, 2)] > 1e-7, gaps
+    return (f"{type(model).__name__} (float64): cached decoding one token at a time equals the full forward to "
+            f"{gaps[(1, 1, 1)]:.3g}; a chunk of two after the prompt is off by {gaps[(1, 2)]:.3g}")
+
+
 def window_ignored(model_type: str) -> str:
     """The config declares ``sliding_window`` but the model masks with plain ``create_causal_mask`` (no window
     overlay, no ``sliding_window`` passed to the attention function): every query sees every earlier key.
@@ -306,4 +332,5 @@ def bridge_v_before_v_norm(model_type: str) -> str:
 WITNESSES = {f.__name__: f for f in (falcon_census, left_padding_moves_positions, padding_leaks_into_real_tokens,
                                      window_ignored, bridge_not_causal, bridge_attn_scores_is_pattern,
                                      bridge_z_is_o_proj_input, bridge_v_before_v_norm, logits_depend_on_length,
-                                     future_leaks_after_an_offset, chunked_prefill_drops_state)}
+                                     future_leaks_after_an_offset, chunked_prefill_drops_state,
+                                     cached_chunk_differs)}
