@@ -11,6 +11,7 @@ any stage can be re-run alone, from the command line or from Python::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -204,11 +205,23 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         ctx.costs[method] = (done["seconds"], done.get("forward", float("nan")), done.get("backward", float("nan")))
         if done.get("baseline_loss") is not None:
             ctx.results[method].attrs["baseline_loss"] = done["baseline_loss"]
+    began = time.perf_counter()
     for i, step in enumerate(the_plan.steps, 1):
         if step.method in record["finished"]:
             kept = steps.output(layout, step.method)
             say.say(f"[{i}/{len(the_plan.steps)}] {step.method}: finished before, kept ({kept})")
             continue
+        if step.method == "redundancy" and "prune_curve" in ctx.results:
+            later = sum(s.seconds for s in the_plan.steps[i:] if s.method not in record["finished"])
+            left = None if budget is None else budget * 60 - (time.perf_counter() - began) - later
+            revised, note = _replanned(step, shape, seconds, ctx.results["prune_curve"], float(tolerance),
+                                       len(seeds), left)
+            say.say(f"  {note}")
+            record["notes"].append(note)
+            atomic_write_json(manifest_path, record, indent=1)
+            if revised is None:
+                continue
+            step = revised
         start = time.perf_counter()
         with say.step(i, len(the_plan.steps), step, model):
             ctx.results[step.method] = steps.RUNNERS[step.method](ctx, step.variant)
@@ -219,6 +232,21 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         manifest.finish(manifest_path, record, step.method, step.variant.name, spent, baseline_loss=baseline,
                         forward=ctx.costs[step.method][1], backward=ctx.costs[step.method][2])
     return ctx.results
+
+
+def _replanned(step: plan.Step, shape: plan.Shape, seconds: float, curve: pd.DataFrame, tolerance: float,
+               seeds: int, left: Optional[float]) -> tuple[Optional[plan.Step], str]:
+    """Redundancy re-planned from this run's prune curve (reports/probe_run/plan.redundancy_after_curve): the
+    step with its revised passes, or None (dropped, said) when the budget left cannot hold it."""
+    passes = plan.redundancy_after_curve(shape, curve, tolerance, seeds, full=step.variant.name == "full")
+    need = passes * seconds
+    if left is not None and need > left:
+        return None, (f"redundancy: dropped after prune_curve: its walks need up to ~{plan.fmt_seconds(need)} "
+                      f"({passes:.0f} passes) and {plan.fmt_seconds(max(left, 0.0))} of the budget is left")
+    variant = dataclasses.replace(step.variant, passes=passes)
+    return (dataclasses.replace(step, variant=variant, seconds=need, passes=passes),
+            f"redundancy: re-planned from prune_curve: up to {passes:.0f} passes, ~{plan.fmt_seconds(need)} "
+            f"(planned {step.variant.passes:.0f})")
 
 
 # --- saturation ----------------------------------------------------------------------------------

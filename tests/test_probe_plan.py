@@ -171,3 +171,36 @@ def test_the_report_marks_a_partial_run(tiny_run, tmp_path):
     assert "Partial probe run" in html
     frame = pd.read_csv(run / "probes" / "importance_ablation.csv")
     assert bool(frame["exact"].all()) and len(frame) == 8
+
+
+def _curve(breaks: dict) -> pd.DataFrame:
+    """A prune curve (probes.prune_curve's columns) whose order (seed None: importance) first breaks at ``n``."""
+    rows = []
+    for seed, first_broken in breaks.items():
+        for n in (0, 27, 54, 81, 270):
+            rows.append({"order": "importance" if seed is None else "random", "seed": seed, "n_pruned": n,
+                         "fraction_pruned": n / 270, "loss": 2.0 if n < first_broken else 3.0, "accuracy": 0.5})
+    return pd.DataFrame(rows)
+
+
+def test_redundancy_is_replanned_from_the_prune_curve():
+    """Its walks stop at each order's first broken mask, which the prune curve's sampled points bound: the
+    importance order breaks by 27 heads, seed 0 by 54, seed 1 by 27; seed 2 (not sampled) as far as the longest."""
+    curve = _curve({None: 27, 0: 54, 1: 27})
+    passes = plan.redundancy_after_curve(SMOL, curve, 0.01, seeds=3, full=False)
+    assert passes == 1 + 27 + 54 + 27 + 54  # one mask a pass on SmolLM2, no prefix reuse
+    full = plan.redundancy_after_curve(SMOL, curve, 0.01, seeds=3, full=True)
+    assert full == passes + 30 * 2 + SMOL.masked(271)
+    unbroken = plan.redundancy_after_curve(SMOL, _curve({None: 999}), 0.01, seeds=1, full=False)
+    assert unbroken == 1 + 270 + 270  # nothing broke: every mask of each order
+
+
+def test_the_replanned_redundancy_is_dropped_and_said_when_the_budget_left_cannot_hold_it():
+    step = plan.Step("redundancy", plan.Variant("headline only", 9.0), 63.0, 9.0)
+    curve = _curve({None: 27, 0: 27, 1: 27, 2: 27})
+    kept, note = pipeline._replanned(step, SMOL, 7.0, curve, 0.01, 3, left=20 * 60.0)
+    assert kept is not None and kept.variant.passes == 109 and kept.seconds == pytest.approx(109 * 7.0)
+    assert note == "redundancy: re-planned from prune_curve: up to 109 passes, ~12.7 min (planned 9)"
+    dropped, note = pipeline._replanned(step, SMOL, 7.0, curve, 0.01, 3, left=4 * 60.0)
+    assert dropped is None and note.startswith("redundancy: dropped after prune_curve: its walks need up to ~12.7 min")
+    assert pipeline._replanned(step, SMOL, 7.0, curve, 0.01, 3, left=None)[0] is not None  # no budget: runs
