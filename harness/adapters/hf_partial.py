@@ -21,8 +21,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from harness._checks import check_int
 from harness.errors import AttnlabError
+from harness.model.inputs import check_partial_run
 
 
 class _Stop(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -70,8 +70,8 @@ def partial_run(stack: nn.ModuleList, layer_ids: list[int], shapes: list[Optiona
                 start: Optional[int], stop: Optional[int], residual: Optional[Tensor]) -> Iterator[list[Tensor]]:
     """Within the block, the model's forward starts at block ``start`` from ``residual`` and stops at ``stop``.
 
-    Yields a list that holds the residual caught at the stop once the model has raised :class:`_Stop`
-    (the caller catches it with :func:`caught`).
+    Yields a list that, once the model has raised :class:`_Stop` (caught here, so the block ends quietly), holds
+    the residual caught at the stop.
     """
     n = len(layer_ids)
     handles: list[Any] = []
@@ -128,17 +128,11 @@ def partial_forward(run: Any, tokens: Tensor, *, n_layers: int, d_model: int, st
                     layer_ids: list[int], shapes: list[Optional[int]],
                     start: Optional[int], stop: Optional[int]) -> Tensor:
     """``run(tokens)`` (the adapter's plain forward) between ``start`` and ``stop``; see the module docstring."""
-    for name, value in (("start_at_layer", start), ("stop_at_layer", stop)):
-        check_int(name, value, 0, n_layers, none_ok=True, expected=f"an integer in [0, {n_layers}]")
+    check_partial_run(tokens, start, stop, n_layers, d_model)
     if start is not None and stop is not None and stop < start:
         raise AttnlabError(f"stop_at_layer={stop} is before start_at_layer={start}: expected stop >= start")
     residual = None
     if start is not None:
-        if not isinstance(tokens, Tensor) or tokens.ndim != 3 or tokens.shape[-1] != d_model \
-                or not tokens.dtype.is_floating_point:
-            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise AttnlabError(f"with start_at_layer, the input {shape} must be a float residual stream "
-                               f"[batch, pos, d_model={d_model}]")
         if start == stop:
             return tokens
         residual, tokens = tokens, stand_in_tokens(tokens)

@@ -15,7 +15,8 @@ from torch import Tensor
 from harness._checks import check_int
 from harness.errors import AttnlabError, AttnlabTypeError
 
-__all__ = ["check_tokens", "check_mask", "check_offset", "check_inputs", "check_table_positions", "check_source"]
+__all__ = ["check_tokens", "check_mask", "check_offset", "check_inputs", "check_table_positions", "check_source",
+           "check_partial_run"]
 
 
 def check_tokens(tokens: object, d_vocab: int, *, min_pos: int = 1) -> None:
@@ -94,3 +95,19 @@ def check_source(source_tokens: object, source_mask: object, batch: int, d_vocab
         row = int((~mask.any(-1)).nonzero()[0])
         raise AttnlabError(f"source_mask row {row} has no real token: expected at least one per row")
     return mask
+
+
+def check_partial_run(tokens: object, start_at_layer: object, stop_at_layer: object, n_layers: int,
+                      d_model: int) -> None:
+    """TransformerLens-style partial runs: ``start_at_layer``/``stop_at_layer`` are None or integers in
+    ``[0, n_layers]``, and with ``start_at_layer`` the input is a float residual stream ``[batch, pos, d_model]``
+    (attnlab's Transformer and HFAdapter take them alike)."""
+    for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
+        check_int(name, value, 0, n_layers, none_ok=True, expected=f"an integer in [0, {n_layers}]")
+    if start_at_layer is None:
+        return
+    if not isinstance(tokens, Tensor) or tokens.ndim != 3 or tokens.shape[-1] != d_model \
+            or not tokens.dtype.is_floating_point:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise AttnlabError(f"with start_at_layer, the input {shape} must be a float residual stream "
+                           f"[batch, pos, d_model={d_model}]")

@@ -25,11 +25,10 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from harness._checks import check_int
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.config import DTYPES, ModelConfig
 from harness.model.generate import generate as _generate
-from harness.model.inputs import check_mask, check_offset, check_table_positions, check_tokens
+from harness.model.inputs import check_mask, check_offset, check_partial_run, check_table_positions, check_tokens
 from harness.model.kv_cache import KVCache
 from harness.model.layers import AttnContext, Block, Norm, hook
 from harness.model.positions import alibi_bias, alibi_slopes, mask_positions, rotary_cos_sin, sinusoidal_table
@@ -185,18 +184,12 @@ class Transformer(HookedRootModule):
         cfg = self.config
         position_offset = check_offset(position_offset)
         n = cfg.n_layers
-        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
-            check_int(name, value, 0, n, none_ok=True, expected=f"an integer in [0, {n}]")
+        check_partial_run(tokens, start_at_layer, stop_at_layer, n, cfg.d_model)
         if start_at_layer is None:
             check_tokens(tokens, self.config.d_vocab)
             batch, q = tokens.shape
             device, dtype = tokens.device, self.embed.weight.dtype
         else:
-            if not isinstance(tokens, Tensor) or tokens.ndim != 3 or tokens.shape[-1] != cfg.d_model \
-                    or not tokens.dtype.is_floating_point:
-                shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-                raise AttnlabError(f"with start_at_layer, the input {shape} must be a float residual stream "
-                                   f"[batch, pos, d_model={cfg.d_model}]")
             batch, q = tokens.shape[:2]
             device, dtype = tokens.device, tokens.dtype
         mask = check_mask(attention_mask, batch, q)
