@@ -215,7 +215,9 @@ def _make_twin(model: Any, key: tuple[int, ...]) -> Optional[Any]:
 
 def _sees_what_the_model_sees(model: Any, twin: Any) -> bool:
     """Whether ``twin`` is finite wherever ``model`` is on a plain input: a twin blind there has no floor to give
-    (its every gap would read 0 and the allowance fall to float64's minimum)."""
+    (its every gap would read 0 and the allowance fall to float64's minimum). The model runs once more here rather
+    than reuse the determinism probe's output: each then runs once after the copy, so a model with state (a call
+    counter) stays in step with its twin (tests/test_properties.py::test_a_non_deterministic_model_is_reported)."""
     x = torch.arange(min(model.cfg.n_ctx, 4))[None] % model.cfg.d_vocab
     try:
         own, gold = protocol.forward_capture(model, x)[0], protocol.forward_capture(twin, x)[0]

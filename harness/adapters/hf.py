@@ -379,14 +379,15 @@ class HFAdapter(HookedRootModule):
         if "position_ids" in self._params:
             kwargs["position_ids"] = self.position_ids(mask, 0)[:, -tokens.shape[1]:]
         made: list[Any] = []  # the cache the model makes for itself on a first call, as its first layer is given it
-        handle = self._layers[0].register_forward_pre_hook(
+        handle = None if cache is not None else self._layers[0].register_forward_pre_hook(
             lambda module, args, kw: made.extend(a for a in (*args, *kw.values()) if _is_cache(a)), with_kwargs=True)
         try:
             out = self.hf_model(input_ids=tokens, **kwargs)
         finally:
-            handle.remove()
+            if handle is not None:
+                handle.remove()
         returned = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
-        if returned is None and cache is None and made:
+        if returned is None and made:
             # RecurrentGemma's CausalLMOutput has no cache field: the DynamicCache it made (and set its recurrent
             # states up with) is the one to continue from, or each step restarts from an empty cache
             returned = made[0]
