@@ -26,10 +26,11 @@ from probes.entropy import attention_entropy
 from probes.importance import head_importance
 from probes.l0_gates import L0Options
 from probes.patching import patch_residual
+from probes.patterns import attention_patterns
 from probes.pruning import prune_curve, redundancy
 from probes.roles import head_roles
 from probes.similarity import head_similarity
 
-__all__ = ["attribution_scores", "Attribution",
+__all__ = ["attribution_scores", "Attribution", "attention_patterns",
            "head_importance", "patch_residual", "L0Options", "prune_curve", "redundancy", "head_similarity",
            "head_roles", "attention_entropy", "compare_estimators", "ESTIMATOR_COLUMNS"]

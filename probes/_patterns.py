@@ -45,7 +45,8 @@ def stream(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, what: str 
             hooks = [(name(layer), _capture(seen, layer)) for layer in range(info.n_layers)]
             am = None if data.attention_mask is None else data.attention_mask[sl]
             with torch.no_grad():
-                gates.hooked_pass(model, info, data.tokens[sl], am, hooks)
+                # nothing after the last layer's pattern is needed: its output, MLP and the unembedding are skipped
+                gates.hooked_pass(model, info, data.tokens[sl], am, hooks, until=name(info.n_layers - 1))
             yield sl, [seen[layer] for layer in range(info.n_layers)]
 
 

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import gates
+from probes._nll import token_nll
 from probes._validate import ModelInfo, ProbeData, check_batch_size, model_info, probe_data, takes_any_model
 
 
@@ -75,7 +76,7 @@ def attribution(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch
             hooks = [(info.z_hooks[row], gated(row, gate, cast(Tensor, sreal) if gates.is_encoder_row(info, row)
                                                else real, seq_w.double())) for row in range(L)]
             logits = gates.hooked_pass(model, info, tok, am, hooks, source=src)
-            nll, _ = gates.token_nll(logits, tok, 1)
+            nll, _ = token_nll(logits, tok, 1)
             per_seq = (nll[0] * w).sum(1) / seq_w.clamp(min=1)
             (grad,) = torch.autograd.grad(per_seq.sum(), gate)
             grad = grad.double()

@@ -24,12 +24,13 @@ from contextlib import contextmanager
 from typing import Any, Optional, cast, overload
 
 import torch
-from jaxtyping import Bool, Float, Float64, Int, Shaped
+from jaxtyping import Float, Float64, Shaped
 from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError
 from probes import _shard
+from probes._nll import token_nll
 from probes._validate import ModelInfo, ProbeData
 
 # Rows x positions per forward pass when the caller gives no batch_size. On a GPU, large passes
@@ -45,11 +46,11 @@ CPU_TOKENS_PER_PASS = 2 ** 13
 # (tests/bench/test_bench_probes.py, VmHWM). Half of it (5 rows of SmolLM2-135M) timed a pass at 44 s against
 # 21 s at this size (one run each, load ~5 on 2 cores): not conclusive, so the measured setting stays.
 LOGIT_ELEMENTS = 2 ** 26
-NLL_ELEMENTS = 2 ** 23  # logits per slice of token_nll's float32 cross-entropy (32 MiB of temporaries)
 GRAD_FLOATS_PER_TOKEN = 20
-# Saved activations per backward pass: 512 MiB. On SmolLM2-135M (2 GB goal) peak RSS was 1.67 GB at one
-# 128-token row per backward and 2.31 GB at three, ~0.32 GB a row: two rows keep it near 2 GB.
-GRAD_ACTIVATION_BYTES = 2 ** 29
+# Saved activations per backward pass: 256 MiB. On SmolLM2-135M (2 GB goal) peak RSS was 1.67 GB at one
+# 128-token row per backward and 2.31 GB at three, ~0.32 GB a row; two rows (512 MiB) reached 2.04 GB in a whole
+# `attnlab probe` run (the process's peak, set by the attribution pass), so one row it is.
+GRAD_ACTIVATION_BYTES = 2 ** 28
 
 
 def rows_per_pass(batch_size: Optional[int], pos: int, device: Optional[torch.device] = None, *,
@@ -97,15 +98,46 @@ def eval_mode(model: AnyModel) -> Iterator[None]:
             m.training = flag
 
 
+class _Done(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by the ``until`` hook of :func:`hooked_pass` once it has seen what the pass is for."""
+
+
+def _then_stop(fn: Callable) -> Callable:
+    def last(x: Tensor, hook: Any) -> None:
+        fn(x, hook)
+        raise _Done
+    return last
+
+
+@overload
 def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
-        start: Optional[int] = None, stop: Optional[int] = None, source: Optional[dict] = None) -> Tensor:
+                start: Optional[int] = ..., stop: Optional[int] = ..., source: Optional[dict] = ...,
+                until: None = ...) -> Tensor: ...
+
+
+@overload
+def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
+                start: Optional[int] = ..., stop: Optional[int] = ..., source: Optional[dict] = ...,
+                until: str) -> None: ...
+
+
+def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
+        start: Optional[int] = None, stop: Optional[int] = None, source: Optional[dict] = None,
+        until: Optional[str] = None) -> Optional[Tensor]:
     """One forward pass through the model protocol with temporary forward hooks.
 
     Hooks go straight onto the HookPoints (TransformerLens's ``HookPoint.add_hook``) and exactly
     those are removed afterwards, even on error: ``model.hooks()`` would also sweep every hook
     point of the model on exit, a cost that dominates small passes. ``source``: an encoder-decoder's
     source keywords (:meth:`ProbeData.source`), passed to the forward as they are.
+
+    ``until``: the name of one of ``hooks`` after which nothing the pass computes is needed; the pass
+    ends there (a signal raised from that hook, caught here) and returns None. A pass that only reads
+    activations so skips the layers after the last it reads and the unembedding (issue 19, item 3).
     """
+    if until is not None and until not in {name for name, _ in hooks}:
+        raise AttnlabError(f"until={until!r} names none of the pass's hooks: expected one of "
+                           f"{[name for name, _ in hooks][:4]}")
     kwargs: dict = dict(source or {})
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
@@ -119,8 +151,10 @@ def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask
             if info.encoder_decoder:
                 fn = _same_heads(name, fn, info.n_heads)
             point = info.hook_points[name] if name in info.hook_points else model.hook_dict[name]
-            added.append((point, point.add_hook(fn, dir="fwd")))
+            added.append((point, point.add_hook(_then_stop(fn) if name == until else fn, dir="fwd")))
         return model(x, **kwargs)
+    except _Done:
+        return None
     finally:
         for point, handle in added:
             handle.hook.remove()
@@ -176,24 +210,6 @@ def _rows_from(info: ModelInfo, layer: int) -> list[int]:
 def _rows_at(info: ModelInfo, layer: int) -> list[int]:
     """The rows a pass of layer ``layer`` alone runs (a prefix residual's step)."""
     return [r for r in range(info.n_layers) if info.starts[r] == layer or info.reruns[r]]
-
-
-def token_nll(logits: Float[Tensor, "kb pos d_vocab"], tokens: Int[Tensor, "batch pos"], k: int
-              ) -> tuple[Float[Tensor, "k batch pos-1"], Bool[Tensor, "k batch pos-1"]]:
-    """Next-token NLL and correctness ``[k, batch, pos-1]`` for ``k`` mask-major copies of ``tokens``.
-
-    Read a slice of rows at a time (``NLL_ELEMENTS``), so the float32 upcast and the log-softmax
-    never copy the whole logits tensor: the same numbers as one call, without its temporaries."""
-    b, p = tokens.shape
-    logits = logits[:, :-1]
-    target = tokens[:, 1:].repeat(k, 1)  # [k*b, p-1], mask-major like the logits
-    step = max(1, NLL_ELEMENTS // max(1, (p - 1) * logits.shape[-1]))
-    nll, correct = [], []
-    for s in range(0, logits.shape[0], step):
-        part, tgt = logits[s:s + step].float(), target[s:s + step]
-        nll.append(torch.nn.functional.cross_entropy(part.flatten(0, 1), tgt.flatten(), reduction="none"))
-        correct.append((part.argmax(-1) == tgt).flatten())
-    return torch.cat(nll).view(k, b, p - 1), torch.cat(correct).view(k, b, p - 1)
 
 
 def _chunks(data: ProbeData, rows: int) -> Iterator[tuple[Tensor, Optional[Tensor], Tensor, dict[str, Tensor]]]:

@@ -34,6 +34,7 @@ from harness._checks import check_number, check_positive_int, check_seed
 from harness.adapters.protocol import ProtocolModel
 from harness.errors import AttnlabTypeError
 from probes import gates
+from probes._nll import token_nll
 from probes._validate import ModelInfo, ProbeData
 
 # Louizos et al. 2018, §4 (and Voita et al. 2019, who take them over): temperature and stretch.
@@ -121,7 +122,7 @@ def train_gates(model: ProtocolModel, info: ModelInfo, data: ProbeData, options:
             hooks = [(info.z_hooks[row], _gated(row, g)) for row in range(L)]
             am = None if data.attention_mask is None else data.attention_mask[pick]
             logits = gates.hooked_pass(model, info, data.tokens[pick], am, hooks, source=data.source(pick))
-            nll, _ = gates.token_nll(logits, data.tokens[pick], 1)
+            nll, _ = token_nll(logits, data.tokens[pick], 1)
             loss = (nll[0] * w).sum() / w.sum().clamp(min=1)
             expected_open = (l0_penalty(log_alpha) * base).sum()
             (grad,) = torch.autograd.grad(loss + options.penalty * expected_open, log_alpha)

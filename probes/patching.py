@@ -109,7 +109,8 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
         def saver(t: Tensor, hook: Any) -> None:
             store[hook.name] = t.detach().clone()
 
-        gates.hooked_pass(model, info, clean, None, [(resid_hook(x), saver) for x in layers])
+        gates.hooked_pass(model, info, clean, None, [(resid_hook(x), saver) for x in layers],
+                          until=resid_hook(max(layers)))  # the clean run ends at the last residual it saves
         corrupt_resid: list[Tensor] = []
         if info.prefix_reuse:  # corrupted residual entering every layer, computed once
             corrupt_resid.append(model(corrupted, stop_at_layer=0))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import probes
 from harness import ModelConfig, Transformer
 from harness.adapters import HFAdapter
-from probes import gates
+from probes import _nll, gates
 from probes._validate import model_info, probe_data
 from probes.attribution import attribution
 from probes.importance import leave_one_out
@@ -84,8 +84,8 @@ def test_token_nll_in_slices_equals_one_call(monkeypatch):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 9, 50, generator=g)
     tok = torch.randint(0, 50, (2, 9), generator=g)
-    monkeypatch.setattr(gates, "NLL_ELEMENTS", 1)  # one row per slice
-    nll, correct = gates.token_nll(logits, tok, 3)
+    monkeypatch.setattr(_nll, "NLL_ELEMENTS", 1)  # one row per slice
+    nll, correct = _nll.token_nll(logits, tok, 3)
     want = F.cross_entropy(logits[:, :-1].flatten(0, 1), tok[:, 1:].repeat(3, 1).flatten(), reduction="none")
     assert torch.equal(nll.flatten(), want)
     assert torch.equal(correct.flatten(), (logits[:, :-1].argmax(-1) == tok[:, 1:].repeat(3, 1)).flatten())
@@ -179,3 +179,16 @@ def test_head_importance_attribution_and_heads_subset():
         probes.head_importance(model, tok, heads=[12])
     with pytest.raises(ValueError, match="heads="):
         probes.head_importance(model, tok, method="gradient", heads=[0])
+
+
+def test_argmax_is_is_argmax_equality_with_ties_nan_and_inf():
+    """token_nll's correctness test reads argmax only where the target can be it: the same booleans as
+    ``argmax(-1) == target`` on logits full of ties (argmax takes the first), NaN (argmax's maximum) and infinities."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        v = int(torch.randint(2, 9, (1,), generator=g))
+        x = torch.randint(0, 3, (3, 5, v), generator=g).float()
+        for value in (float("nan"), float("inf"), float("-inf")):
+            x[torch.rand(x.shape, generator=g) < 0.05] = value
+        t = torch.randint(0, v, (3, 5), generator=g)
+        assert torch.equal(_nll._argmax_is(x, t), x.argmax(-1) == t)

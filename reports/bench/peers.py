@@ -3,7 +3,8 @@
 Three tasks on one random Hugging Face GPT-2 (built in memory from a config), each written the way
 its library's documentation shows, all giving the same numbers (checked to 1e-4 before timing):
 
-- cache every attention pattern: attnlab ``run_with_cache``; TransformerLens's bridge
+- cache every attention pattern: attnlab ``probes.attention_patterns`` (the pass ends at the last
+  layer's pattern); TransformerLens's bridge
   ``run_with_cache``; nnsight a trace saving every attention module's weights (eager attention);
 - leave-one-out ablation of every head (the loss change when its ``hook_z`` slice is zeroed):
   attnlab ``probes.head_importance(method="ablation")`` (batched masks, prefix reuse); the bridge
@@ -79,9 +80,7 @@ class Attnlab:
         self.n_layers, self.n_heads = self.model.cfg.n_layers, self.model.cfg.n_heads
 
     def patterns(self, tokens: Tensor) -> Tensor:
-        with torch.no_grad():
-            _, cache = self.model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
-        return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(self.n_layers)])
+        return probes.attention_patterns(self.model, tokens)
 
     def loo_ablation(self, tokens: Tensor) -> Tensor:
         imp = probes.head_importance(self.model, tokens, method="ablation")

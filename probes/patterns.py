@@ -1,0 +1,70 @@
+"""Every attention pattern of a batch, computed no further than the last one asked for.
+
+``attention_patterns(model, tokens)`` is ``run_with_cache`` filtered to ``hook_pattern``, without the
+work nobody reads: the pass ends as the last requested layer's pattern is written (that layer's value
+mixing and output, the later layers, ``ln_final`` and the unembedding never run; at GPT-2 small's shape
+the unembedding alone is a third of a forward pass), and only the patterns are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional, cast
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.errors import AttnlabError, AttnlabTypeError
+from probes import _patterns, gates
+from probes._validate import check_batch_size, model_info, pattern_hook, probe_data, takes_any_model
+
+
+def _layers(layers: Any, n_layers: int) -> list[int]:
+    if layers is None:
+        return list(range(n_layers))
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+        raise AttnlabTypeError(f"layers must be None or a sequence of layer indices, got {type(layers).__name__}")
+    out = []
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+            raise AttnlabError(f"layers holds {layer!r}: expected integers in [0, {n_layers})")
+        out.append(layer)
+    if not out:
+        raise AttnlabError("layers is empty: expected at least one layer index")
+    if len(set(out)) != len(out):
+        raise AttnlabError(f"layers {list(layers)} repeats a layer: expected distinct indices")
+    return out
+
+
+@takes_any_model
+def attention_patterns(model: AnyModel, tokens: Tensor, *, layers: Optional[Sequence[int]] = None,
+                       attention_mask: Optional[Tensor] = None, batch_size: Optional[int] = None
+                       ) -> Float[Tensor, "layer batch head query key"]:
+    """The attention patterns ``[len(layers), batch, n_heads, query_pos, key_pos]`` (float32, on the model's
+    device), in the order of ``layers`` (default every layer): what ``blocks.{l}.attn.hook_pattern`` sees.
+
+    ``batch_size``: sequences per forward pass (default: all of them in one pass)."""
+    batch_size = check_batch_size(batch_size)
+    info = model_info(model, need_pattern=True)
+    model = cast(ProtocolModel, model)  # model_info checked it
+    wanted = _layers(layers, info.n_layers)
+    data = probe_data(info, tokens, attention_mask=attention_mask, need_loss=False)
+    rows = data.n if batch_size is None else batch_size
+    last = pattern_hook(max(wanted))
+    chunks: list[list[Tensor]] = []
+    with gates.eval_mode(model), torch.no_grad():
+        for s in range(0, data.n, rows):
+            seen: dict[int, Tensor] = {}
+            am = None if data.attention_mask is None else data.attention_mask[s:s + rows]
+            gates.hooked_pass(model, info, data.tokens[s:s + rows], am,
+                              [(pattern_hook(layer), _patterns._capture(seen, layer)) for layer in wanted], until=last)
+            missing = [layer for layer in wanted if layer not in seen]
+            if missing:
+                raise AttnlabError(f"the pass wrote no pattern for layer(s) {missing}: expected "
+                                   f"blocks.{{l}}.attn.hook_pattern to fire in every layer asked for")
+            chunks.append([seen[layer] for layer in wanted])
+    if len(chunks) == 1:
+        return torch.stack(chunks[0])
+    return torch.stack([torch.cat([c[i] for c in chunks]) for i in range(len(wanted))])
