@@ -43,6 +43,16 @@ def _entropy(p: Tensor) -> Tensor:
     return -torch.special.xlogy(p, p).sum(-1)
 
 
+def jsd_row(p: Tensor, h: Tensor, w: Tensor, i: int) -> Tensor:
+    """float64 ``[N - i]``: head i's Jensen-Shannon divergence (nats) from heads i.. summed over weighted queries.
+
+    ``p`` the patterns ``[b, N, q, k]``, ``h`` their entropies ``[b, N, q]``, ``w`` the query weights ``[b, q]``.
+    JSD(P, Q) = H((P + Q) / 2) - (H(P) + H(Q)) / 2 (Lin 1991, eq. 4.1 with equal weights)."""
+    m = 0.5 * (p[:, i: i + 1] + p[:, i:])
+    jsd = _entropy(m) - 0.5 * (h[:, i: i + 1] + h[:, i:])
+    return (jsd * w[:, None]).sum((0, 2)).double()
+
+
 def _pattern_similarity(model: ProtocolModel, info: ModelInfo, data: ProbeData, batch_size: Optional[int]) -> Tensor:
     N = info.n_layers * info.n_heads
     jsd_sum = torch.zeros(N, N, dtype=torch.float64, device=info.device)
@@ -53,10 +63,7 @@ def _pattern_similarity(model: ProtocolModel, info: ModelInfo, data: ProbeData, 
         n_queries += float(w.sum())
         h = _entropy(p)  # [b, N, q]
         for i in range(N):
-            # JSD(P, Q) = H((P + Q) / 2) - (H(P) + H(Q)) / 2 (Lin 1991, eq. 4.1 with equal weights)
-            m = 0.5 * (p[:, i: i + 1] + p[:, i:])
-            jsd = _entropy(m) - 0.5 * (h[:, i: i + 1] + h[:, i:])
-            jsd_sum[i, i:] += (jsd * w[:, None]).sum((0, 2)).double()
+            jsd_sum[i, i:] += jsd_row(p, h, w, i)
     jsd_mean = (jsd_sum / max(n_queries, 1.0) / math.log(2)).clamp(0.0, 1.0)  # nats -> bits: JSD <= 1 bit
     jsd_mean = torch.triu(jsd_mean) + torch.triu(jsd_mean, 1).T
     if n_queries == 0:

@@ -11,7 +11,6 @@ any stage can be re-run alone, from the command line or from Python::
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -51,8 +50,8 @@ from reports.defaults import (
     TOP_K_PATTERNS,
 )
 from reports.export import export_hf
-from reports.probe_run import manifest, plan, steps
-from reports.probe_run.progress import Progress
+from reports.probe_run import manifest, plan, replanning, steps
+from reports.probe_run.progress import Progress, release_memory
 from reports.render import ReportPaths, render
 
 PROBE_DATA_SEED = 1234  # the probes' validation batch: fixed, so re-running a probe gives the same numbers
@@ -187,10 +186,19 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         record = manifest.new(ident, options)
         for stale in (*[steps.output(layout, m) for m in plan.METHODS], manifest_path):
             stale.unlink(missing_ok=True)  # a fresh run: no file of an older run stays beside its own
+    for partial in layout.probes.glob(".*.tmp*"):  # the temp file of a write a kill cut short (harness.run_dir)
+        partial.unlink(missing_ok=True)
     say = Progress(model.cfg.n_layers, int(tokens.shape[0]), enabled=progress is not False)
+    began = time.perf_counter()  # the budget holds the timed first pass and every method
+
+    def left() -> Optional[float]:
+        return None if budget is None else budget * 60 - (time.perf_counter() - began)
+
     seconds, shape = steps.first_pass(model, tokens, loss_mask, exact_top, len(seeds),
                                       backward="importance_gradient" not in record["finished"])
-    the_plan = plan.make_plan(chosen, shape, seconds, None if budget is None else budget * 60,
+    say.tail = shape.tail
+    release_memory()
+    the_plan = plan.make_plan(chosen, shape, seconds, left(),
                               finished={m: d["variant"] for m, d in record["finished"].items()})
     for line in the_plan.lines():
         say.say(line)
@@ -205,17 +213,20 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         ctx.costs[method] = (done["seconds"], done.get("forward", float("nan")), done.get("backward", float("nan")))
         if done.get("baseline_loss") is not None:
             ctx.results[method].attrs["baseline_loss"] = done["baseline_loss"]
-    began = time.perf_counter()
-    for i, step in enumerate(the_plan.steps, 1):
-        if step.method in record["finished"]:
-            kept = steps.output(layout, step.method)
-            say.say(f"[{i}/{len(the_plan.steps)}] {step.method}: finished before, kept ({kept})")
+    rate = seconds  # seconds per pass: the first pass's, then the latest method's, measured
+    i = 0
+    while i < len(the_plan.steps):
+        step = the_plan.steps[i]
+        i += 1
+        if step.method in record["finished"]:  # by a stopped run this one resumes
+            say.say(f"[{i}/{len(the_plan.steps)}] {step.method}: finished before, kept "
+                    f"({steps.output(layout, step.method)})")
             continue
         if step.method == "redundancy" and "prune_curve" in ctx.results:
             later = sum(s.seconds for s in the_plan.steps[i:] if s.method not in record["finished"])
-            left = None if budget is None else budget * 60 - (time.perf_counter() - began) - later
-            revised, note = _replanned(step, shape, seconds, ctx.results["prune_curve"], float(tolerance),
-                                       len(seeds), left)
+            room = left()
+            revised, note = replanning.redundancy(step, shape, rate, ctx.results["prune_curve"], float(tolerance),
+                                       len(seeds), None if room is None else room - later)
             say.say(f"  {note}")
             record["notes"].append(note)
             atomic_write_json(manifest_path, record, indent=1)
@@ -226,27 +237,16 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         with say.step(i, len(the_plan.steps), step, model):
             ctx.results[step.method] = steps.RUNNERS[step.method](ctx, step.variant)
         spent = time.perf_counter() - start
-        ctx.costs[step.method] = (spent, say.done, 1.0 if "bwd" in step.variant.name else 0.0)
+        ctx.costs[step.method] = (spent, say.forward, 1.0 if "bwd" in step.variant.name else 0.0)
         steps.write(layout, step.method, ctx.results[step.method])
         baseline = getattr(ctx.results[step.method], "attrs", {}).get("baseline_loss")
+        rate, shape = replanning.measured(rate, shape, step, spent, say.done, ctx)
+        the_plan, i = replanning.rest(the_plan, chosen, step, shape, rate, left(), record, say)
+        # one manifest write a method (its plan and notes updated above): a stop can fall only between whole files
         manifest.finish(manifest_path, record, step.method, step.variant.name, spent, baseline_loss=baseline,
-                        forward=ctx.costs[step.method][1], backward=ctx.costs[step.method][2])
+                        forward=ctx.costs[step.method][1], backward=ctx.costs[step.method][2],
+                        peak_rss_gb=say.peak_gb)
     return ctx.results
-
-
-def _replanned(step: plan.Step, shape: plan.Shape, seconds: float, curve: pd.DataFrame, tolerance: float,
-               seeds: int, left: Optional[float]) -> tuple[Optional[plan.Step], str]:
-    """Redundancy re-planned from this run's prune curve (reports/probe_run/plan.redundancy_after_curve): the
-    step with its revised passes, or None (dropped, said) when the budget left cannot hold it."""
-    passes = plan.redundancy_after_curve(shape, curve, tolerance, seeds, full=step.variant.name == "full")
-    need = passes * seconds
-    if left is not None and need > left:
-        return None, (f"redundancy: dropped after prune_curve: its walks need up to ~{plan.fmt_seconds(need)} "
-                      f"({passes:.0f} passes) and {plan.fmt_seconds(max(left, 0.0))} of the budget is left")
-    variant = dataclasses.replace(step.variant, passes=passes)
-    return (dataclasses.replace(step, variant=variant, seconds=need, passes=passes),
-            f"redundancy: re-planned from prune_curve: up to {passes:.0f} passes, ~{plan.fmt_seconds(need)} "
-            f"(planned {step.variant.passes:.0f})")
 
 
 # --- saturation ----------------------------------------------------------------------------------

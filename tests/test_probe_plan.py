@@ -8,17 +8,19 @@ tests/test_probe_plan_interrupts.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from click.testing import CliRunner
 
 from harness.errors import AttnlabError
 from reports import pipeline, render, rundata
 from reports.cli import cli
-from reports.probe_run import plan
+from reports.probe_run import plan, replanning
 from tests.helpers.cli_run import assert_one_line_error, copy_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,6 +68,8 @@ def test_the_attribution_pass_is_paid_once_and_finished_methods_cost_nothing():
     assert variant_of(resumed, "importance_gradient") == "one fwd+bwd, kept"
     kept = next(s for s in resumed.steps if s.method == "importance_gradient")
     assert kept.seconds == 0 and resumed.seconds <= 10 * 60
+    # the attribution pass the kept method ran is not charged again to the one that reads it
+    assert next(s for s in resumed.steps if s.method == "importance_attribution").passes == 0
     assert len(resumed.steps) >= len(fresh.steps)  # the budget it no longer spends goes to what is left
 
 
@@ -198,9 +202,137 @@ def test_redundancy_is_replanned_from_the_prune_curve():
 def test_the_replanned_redundancy_is_dropped_and_said_when_the_budget_left_cannot_hold_it():
     step = plan.Step("redundancy", plan.Variant("headline only", 9.0), 63.0, 9.0)
     curve = _curve({None: 27, 0: 27, 1: 27, 2: 27})
-    kept, note = pipeline._replanned(step, SMOL, 7.0, curve, 0.01, 3, left=20 * 60.0)
+    kept, note = replanning.redundancy(step, SMOL, 7.0, curve, 0.01, 3, left=20 * 60.0)
     assert kept is not None and kept.variant.passes == 109 and kept.seconds == pytest.approx(109 * 7.0)
     assert note == "redundancy: re-planned from prune_curve: up to 109 passes, ~12.7 min (planned 9)"
-    dropped, note = pipeline._replanned(step, SMOL, 7.0, curve, 0.01, 3, left=4 * 60.0)
+    dropped, note = replanning.redundancy(step, SMOL, 7.0, curve, 0.01, 3, left=4 * 60.0)
     assert dropped is None and note.startswith("redundancy: dropped after prune_curve: its walks need up to ~12.7 min")
-    assert pipeline._replanned(step, SMOL, 7.0, curve, 0.01, 3, left=None)[0] is not None  # no budget: runs
+    assert replanning.redundancy(step, SMOL, 7.0, curve, 0.01, 3, left=None)[0] is not None  # no budget: runs
+
+
+# SmolLM2-135M through HFAdapter (prefix reuse): the unembedding and loss are ~a fifth of a pass (measured tail)
+SMOL_REUSE = plan.Shape(n_layers=30, n_heads=9, sequences=10, seeds=3, prefix_reuse=True, masks_per_pass=1,
+                        exact_top=8, pos=128, tail=0.2)
+
+
+def test_a_pass_starting_mid_stack_still_pays_the_whole_tail():
+    """k masks at mean depth d cost k x (tail + (1 - tail) x d) passes, plus one pass through the stack (no tail)
+    for the prefix residuals; without prefix reuse every mask is a whole pass."""
+    assert SMOL_REUSE.masked(9, 0.5) == pytest.approx(9 * (0.2 + 0.8 * 0.5) + 0.8)
+    assert dataclasses.replace(SMOL_REUSE, tail=0.0).masked(9, 0.5) == pytest.approx(9 * 0.5 + 1)
+    assert SMOL.masked(9, 0.5) == 9
+
+
+def test_top_candidates_cost_what_their_layers_cost_and_mean_ablation_pays_its_means():
+    top = "exact top 8 of 270"
+    before = {v.name: v.passes for v in plan.variants("importance_mean_ablation", SMOL_REUSE)}
+    early = dataclasses.replace(SMOL_REUSE, top_depth=(("importance_mean_ablation", 1.0),))
+    after = {v.name: v.passes for v in plan.variants("importance_mean_ablation", early)}
+    grad = 1 + plan.BACKWARD
+    # the head means: one pass through the stack; 9 masks (8 heads and the base) through the whole model
+    assert after[top] == pytest.approx(grad + 0.8 + 9 * 1.0 + 0.8)
+    assert before[top] == pytest.approx(grad + 0.8 + 9 * (0.2 + 0.8 * 31 / 60) + 0.8)
+    ablation = {v.name: v.passes for v in plan.variants("importance_ablation", early)}
+    assert ablation[top] == pytest.approx(grad + 9 * (0.2 + 0.8 * 31 / 60) + 0.8)  # its own heads: not set
+
+
+def test_top_depth_reads_the_layers_of_the_top_candidates():
+    from reports.probe_run.steps import top_depth
+
+    shape = dataclasses.replace(SMOL_REUSE, exact_top=2)
+    estimate = torch.zeros(30, 9)
+    estimate[0, 3], estimate[15, 0] = 5.0, 4.0  # layers 0 and 15: they run 30 and 15 of 30 layers
+    assert top_depth(shape, {"ablation": estimate}) == (("importance_ablation", pytest.approx(0.75)),)
+
+
+def test_replan_at_a_slower_rate_falls_back_and_says_what_changed():
+    LEFT = 10 * 60 - 15  # noqa: N806 - the budget left after the attribution pass
+    p = plan.make_plan(plan.METHODS, SMOL_REUSE, 4.8, 10 * 60)
+    finished = {"importance_gradient": "one fwd+bwd", "importance_attribution": "one fwd+bwd"}
+    same, changes = plan.replan(p, plan.METHODS, SMOL_REUSE, 4.8, LEFT, finished, after="importance_attribution")
+    assert changes == [] and [s.method for s in same.steps] == [s.method for s in p.steps]
+    assert all(s.seconds == 0 for s in same.steps if s.method in finished)
+    slow, changes = plan.replan(p, plan.METHODS, SMOL_REUSE, 9.6, LEFT, finished, after="importance_attribution")
+    assert slow.seconds <= LEFT and changes, slow.lines()
+    assert any(c.startswith("prune_curve: 11 points -> 5 points, 1 seed") or "dropped" in c for c in changes), changes
+    faster, changes = plan.replan(slow, plan.METHODS, SMOL_REUSE, 1.0, LEFT, finished, after="importance_attribution")
+    assert variant_of(faster, "prune_curve") == "11 points"  # a quicker machine gets the full answers back
+    gone = {m for m in plan.METHODS if m not in {s.method for s in slow.steps}}
+    assert gone and all(f"{m}: back, " in " ".join(changes) for m in gone if m in {s.method for s in faster.steps})
+    # only methods still ahead of the run come back: one before the method that just ran never will
+    late, _ = plan.replan(slow, plan.METHODS, SMOL_REUSE, 1.0, LEFT, {**finished, "similarity": "one pattern pass"},
+                          after="similarity")
+    assert {s.method for s in late.steps} <= set(plan.METHODS[plan.METHODS.index("similarity"):]) | set(finished)
+
+
+def test_a_run_that_slows_down_is_replanned_within_its_budget(tiny_run, tmp_path, monkeypatch, capsys):
+    """A method takes far longer than its timed pass predicts (as when a shared machine's load rises): the run
+    re-plans at the measured rate, falls back or drops what no longer fits, says so, and ends within its budget."""
+    import time as clock
+
+    from reports.probe_run import steps
+
+    run = copy_run(tiny_run, tmp_path / "run")
+    slow = steps.RUNNERS["importance_ablation"]
+
+    def slowed(ctx, variant):
+        clock.sleep(4.0)
+        return slow(ctx, variant)
+
+    monkeypatch.setitem(steps.RUNNERS, "importance_ablation", slowed)
+    began = clock.perf_counter()
+    pipeline.probe(run, seeds=(0, 1), sequences=8, budget=0.15,
+                   methods=["importance_gradient", "importance_ablation", "prune_curve", "redundancy", "estimators"])
+    took = clock.perf_counter() - began
+    err = capsys.readouterr().err
+    assert "re-planned at" in err and "(measured; planned" in err, err
+    record = json.loads((run / "probes" / "manifest.json").read_text())
+    fell_back = [n for n in record["notes"] if " -> " in n or ": dropped, its cheapest variant needs" in n]
+    assert fell_back and all(n.split(":")[0] in err for n in fell_back), (record["notes"], err)
+    assert {s["method"] for s in record["plan"]} == set(record["finished"])  # the plan kept is what ran
+    assert took <= 0.15 * 60 + 3, (took, err)  # the budget, and the model's loading
+    assert all(f["peak_rss_gb"] > 0 for f in record["finished"].values()) or not Path("/proc/self/status").exists()
+
+
+def test_a_method_that_ran_no_pass_measures_no_rate():
+    """importance_attribution reads the gradient method's attribution pass: its 0 s must not make the next re-plan
+    think passes are free (a SmolLM2 run re-planned at 0.0003 s per pass and put back 13 min of estimators)."""
+    step = plan.Step("importance_attribution", plan.Variant("one fwd+bwd", 3.0, shared=3.0), 4.0, 2.6)
+    ctx = type("Ctx", (), {"has_estimates": lambda self: False})()
+    assert replanning.measured(1.5, SMOL_REUSE, step, 0.01, 0.0, ctx)[0] == 1.5
+    # nor does a forward + backward: its passes are the first pass's estimate of the backward (a run whose timed
+    # backward chunk paid one-off costs re-planned at 0.64 s per pass, then ran leave-one-out at 1.5)
+    gradient = plan.Step("importance_gradient", plan.Variant("one fwd+bwd", 18.2, shared=18.2), 30.0, 18.2)
+    assert replanning.measured(1.5, SMOL_REUSE, gradient, 12.0, 1.0, ctx)[0] == 1.5
+    ablation = plan.Step("importance_ablation", plan.Variant("exact", 171.0), 110.0, 171.0)
+    assert replanning.measured(0.64, SMOL_REUSE, ablation, 258.0, 172.0, ctx)[0] == pytest.approx(1.5)
+
+
+def test_progress_counts_passes_in_the_plans_units():
+    """A call through the whole stack and the tail is one pass; a prefix step (stop_at_layer) counts its layers'
+    share of the stack only; a pass from layer l counts the rest of the stack and the whole tail. ``forward``
+    keeps the plain layers x rows count (no timing in it), which estimators.csv records."""
+    import io
+
+    from reports.probe_run.progress import Progress
+
+    class Model(torch.nn.Module):
+        def forward(self, x, start_at_layer=None, stop_at_layer=None):
+            return x
+
+    out = io.StringIO()
+    say = Progress(n_layers=4, sequences=2, stream=out, every=0.0)
+    say.tail = 0.2
+    step = plan.Step("importance_ablation", plan.Variant("exact", 3.0), 1.0, 3.0)
+    model, x = Model(), torch.zeros(2, 3)
+    with say.step(1, 1, step, model):
+        model(x)  # a whole pass
+        model(x, stop_at_layer=0)
+        model(x, start_at_layer=0, stop_at_layer=1)  # a prefix step: a quarter of the stack
+        model(torch.zeros(4, 3), start_at_layer=2)  # two masks from layer 2: half the stack, the tail, twice
+    assert say.done == pytest.approx(1.0 + 0.8 * 0.25 + 2 * (0.8 * 0.5 + 0.2))
+    assert say.forward == pytest.approx(1.0 + 0.25 + 2 * 0.5)
+    lines = out.getvalue().splitlines()
+    assert lines[-1].startswith("probe: [1/1] importance_ablation: done in") and "(planned ~1 s)" in lines[-1]
+    if Path("/proc/self/status").exists():
+        assert say.peak_gb is not None and say.peak_gb > 0 and "peak RSS so far" in lines[-1]

@@ -33,7 +33,8 @@ BACKWARD = 2.0  # a backward pass in forward passes (Kaplan et al. 2020)
 PATTERN = 1.5  # a pass that reads hook_pattern takes the explicit attention path instead of SDPA
 REDUCED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the prune curve's points when the full one does not fit
 # probes.head_similarity's Jensen-Shannon divergence of every pair of heads over every query and key:
-# N^2 / 2 x n x pos^2 elements at this rate (6.0e9 took 113 s on SmolLM2-135M, 2 shared cores at load 6)
+# N^2 / 2 x n x pos^2 elements at a rate the first pass times (steps.jsd_rate); this one where it has not
+# (6.0e9 took 113 s on SmolLM2-135M, 2 shared cores at load 6; 12 s at load 1)
 JSD_ELEMENTS_PER_S = 5e7
 L0_STEPS, L0_ROWS = 100, 16  # probes.L0Options: steps, rows per step (each a forward and a backward pass)
 
@@ -51,15 +52,30 @@ class Shape:
     exact_top: int  # heads whose exact answer a "top candidates" variant computes
     grad_passes: float = 0.0  # one forward + backward over the data, timed, in passes (0: 1 + BACKWARD)
     pos: int = 0  # tokens per sequence (the pattern similarity's pairwise cost grows with pos^2)
+    # the share of a pass spent after the last layer (final norm, unembedding, loss), timed in the first pass: a
+    # pass starting mid-stack still pays it whole (SmolLM2-135M: ~0.2, its 49k x 576 unembedding is 8 layers' work)
+    tail: float = 0.0
+    # per importance method, the mean share of the stack its top candidates' passes run (the heads are known once
+    # the attribution pass has ranked them: a re-plan sets it); absent: the mean over all heads
+    top_depth: tuple[tuple[str, float], ...] = ()
+    jsd_per_s: float = JSD_ELEMENTS_PER_S  # the similarity's divergence elements per second, timed
 
     @property
     def heads(self) -> int:
         return self.n_layers * self.n_heads
 
     def masked(self, k: float, depth: float = 1.0) -> float:
-        """Passes for ``k`` masks over the data, each running ``depth`` of the model on average."""
-        depth = depth if self.prefix_reuse else 1.0
-        return math.ceil(k / self.masks_per_pass) * depth + (1.0 if self.prefix_reuse else 0.0)
+        """Passes for ``k`` masks over the data, each running ``depth`` of the stack on average (and the tail whole),
+        plus, with prefix reuse, the one pass through the stack that computes the prefix residuals."""
+        if not self.prefix_reuse:
+            return float(math.ceil(k / self.masks_per_pass))
+        stack = 1.0 - self.tail
+        return math.ceil(k / self.masks_per_pass) * (self.tail + stack * depth) + stack
+
+    def depth_of_top(self, method: str) -> float:
+        """The mean share of the stack a top candidate's pass of ``method`` runs."""
+        known = dict(self.top_depth)
+        return known.get(method, (self.n_layers + 1) / (2 * self.n_layers))
 
 
 @dataclass(frozen=True)
@@ -121,10 +137,12 @@ def variants(method: str, shape: Shape) -> list[Variant]:
     if method in ("importance_gradient", "importance_attribution"):
         return [Variant("one fwd+bwd", grad, shared=grad)]
     if method in ("importance_ablation", "importance_mean_ablation"):
-        extra = 1.0 if method == "importance_mean_ablation" else 0.0  # the head means
+        # the head means: one pass through the stack (probes.gates.head_means stops before the tail)
+        extra = 1.0 - shape.tail if method == "importance_mean_ablation" else 0.0
         out = [Variant("exact", extra + shape.masked(N + 1, depth))]
         if top < N:
-            out.append(Variant(f"exact top {top} of {N}", grad + shape.masked(top + 1, depth),
+            top_passes = grad + extra + shape.masked(top + 1, shape.depth_of_top(method))
+            out.append(Variant(f"exact top {top} of {N}", top_passes,
                                f"{method}: exact for the top {top} of {N} heads by attribution patching, the rest "
                                f"its first-order estimate (column exact)", shared=grad))
         return out
@@ -134,14 +152,17 @@ def variants(method: str, shape: Shape) -> list[Variant]:
                           f"prune_curve: {len(REDUCED_FRACTIONS)} points and one random order instead of 11 and {S}")
         return [full, reduced] if S > 1 else [full]
     if method == "redundancy":
-        curves = (1 + S) * shape.masks_per_pass * 2  # each curve stops at its first broken mask: about 2 passes
+        # each walk stops at its order's first broken mask, which the prune curve (run first) bounds by its first
+        # broken sampled point; before any curve, assume its first point past none (a tenth of the heads): a
+        # trained SmolLM2-135M walked 27 of 270 by its re-plan, 109 passes where 2 a walk were once assumed
+        curves = (1 + S) * math.ceil(N / 10)
         per_layer = L * 2 + shape.masked(N + 1)
         return [Variant("full", 1 + shape.masked(curves) + per_layer),
                 Variant("headline only", 1 + shape.masked(curves),
                         "redundancy: headline only (no per-layer heads_needed / one_head rows)")]
     if method == "similarity":
         pairs = N * (N + 1) / 2 * shape.sequences * shape.pos ** 2
-        return [Variant("one pattern pass", PATTERN, extra_s=pairs / JSD_ELEMENTS_PER_S)]
+        return [Variant("one pattern pass", PATTERN, extra_s=pairs / shape.jsd_per_s)]
     if method in ("head_roles", "attention_entropy"):
         return [Variant("one pattern pass", PATTERN)]
     if method == "patterns":
@@ -204,8 +225,8 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
         chosen[method] = fit
         left -= fit.seconds(paid, seconds_per_pass)
         paid = paid or fit.shared > 0
-    # in run order, the shared pass is charged to the first method that runs it
-    steps, paid = [], False
+    # in run order, the shared pass is charged to the first method that runs it (none, when a finished one ran it)
+    steps, paid = [], any(m in finished for m in ("importance_gradient", "importance_attribution"))
     for m in (m for m in METHODS if m in chosen):
         v = chosen[m]
         steps.append(Step(m, v, v.seconds(paid, seconds_per_pass), v.cost(paid)))
@@ -233,3 +254,32 @@ def redundancy_after_curve(shape: Shape, curve: Any, tolerance: float, seeds: in
     if full:
         passes += shape.n_layers * 2 + shape.masked(shape.heads + 1)
     return passes
+
+
+def replan(current: Plan, methods: Sequence[str], shape: Shape, seconds_per_pass: float, left_s: Optional[float],
+           finished: dict[str, str], after: str) -> tuple[Plan, list[str]]:
+    """``methods`` (the run's choice) planned again at a measured rate within the budget left: the ``finished``
+    ones kept (costing nothing), the others those after ``after`` (the method that just ran) in run order
+    (:data:`METHODS`).
+
+    A run re-plans after each method (:func:`reports.pipeline.probe`): the machine may have slowed (a shared
+    machine's load), or a method cost other than planned; the methods left then fall back, or come back, as the
+    time left allows. Returns the new plan and what changed against ``current``, one line each: a variant
+    replaced, a method dropped (with the new plan's reason) or back.
+    """
+    candidates = [m for m in methods if m in finished or METHODS.index(m) > METHODS.index(after)]
+    new = make_plan(candidates, shape, seconds_per_pass, left_s, finished=finished)
+    was = {s.method: s.variant.name for s in current.steps}
+    now = {s.method: s.variant.name for s in new.steps}
+    changes = []
+    for method in candidates:
+        if method in finished or now.get(method) == was.get(method):
+            continue
+        if method not in now:
+            changes.append(next((n for n in new.notes if n.startswith(f"{method}: dropped")), f"{method}: dropped"))
+        elif method not in was:
+            changes.append(f"{method}: back, {now[method]}")
+        else:
+            why = next((n for n in new.notes if n.startswith(f"{method}:")), "")
+            changes.append(f"{method}: {was[method]} -> {now[method]}" + (f" ({why})" if why else ""))
+    return new, changes

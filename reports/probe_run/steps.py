@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -21,9 +22,11 @@ from torch import Tensor
 import probes
 from harness.run_dir import RunDir, atomic_write, atomic_write_json, read_json
 from probes import gates
+from probes._patterns import PATTERN_ELEMENTS
 from probes._validate import model_info, probe_data
 from probes.compare import ESTIMATORS
 from probes.importance import importance_frame
+from probes.similarity import jsd_row
 from reports import rundata
 from reports.probe_run.plan import REDUCED_FRACTIONS, Shape, Variant
 
@@ -53,6 +56,11 @@ class Context:
         if self._attribution is None:
             self._attribution = probes.attribution_scores(self.model, self.tokens, loss_mask=self.loss_mask)
         return self._attribution
+
+    def has_estimates(self) -> bool:
+        """Whether :meth:`estimate` answers without a pass: the attribution pass has run, or its files are read."""
+        return self._attribution is not None or \
+            all(f"importance_{m}" in self.results for m in ("gradient", "attribution"))
 
     def scores(self, method: str) -> Tensor:
         """``[n_layers, n_heads]`` importance of a finished importance method (read back on --resume)."""
@@ -85,11 +93,15 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
     data = probe_data(info, tokens, loss_mask=loss_mask)
     ones = torch.ones(1, info.n_layers, info.n_heads)
     seconds: list[float] = []
+    tails: list[float] = []
     # a first pass pays one-off costs (allocator, kernels' first use); where a pass is cheap, time a second
     while len(seconds) < 3 and (not seconds or sum(seconds) < WARM_S):
-        start = time.perf_counter()
-        gates.masked_stats(model, info, data, ones)
-        seconds.append(time.perf_counter() - start)
+        with _stack_time(model) as stack:
+            start = time.perf_counter()
+            gates.masked_stats(model, info, data, ones)
+            seconds.append(time.perf_counter() - start)
+        # with prefix reuse the pass runs the stack layer by layer (calls with a stop), then the tail alone
+        tails.append(max(0.0, 1.0 - stack[0] / seconds[-1]) if info.prefix_reuse else 0.0)
     rows = gates.rows_per_pass(None, data.pos, info.device, d_vocab=info.d_vocab)
     # a backward pass runs in smaller chunks (gates.grad_rows bounds its saved activations), which costs
     # more per token than the forward's: time one chunk of it rather than assume 2 forwards' worth
@@ -97,13 +109,66 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
     grad_passes = 0.0
     if backward:
         grad_rows = min(data.n, gates.grad_rows(None, info, data.pos))
-        start = time.perf_counter()
-        gates.gate_gradients(model, info, probe_data(info, tokens[:grad_rows],
-                                                     loss_mask=None if loss_mask is None else loss_mask[:grad_rows]))
-        grad_passes = (time.perf_counter() - start) * math.ceil(data.n / grad_rows) / min(seconds)
+        chunk = probe_data(info, tokens[:grad_rows], loss_mask=None if loss_mask is None else loss_mask[:grad_rows])
+        timed = []
+        for _ in range(2 if grad_rows < data.n else 1):  # the first backward pays one-off costs; the run pays them once
+            start = time.perf_counter()
+            gates.gate_gradients(model, info, chunk)
+            timed.append(time.perf_counter() - start)
+        grad_passes = (timed[0] + min(timed) * (math.ceil(data.n / grad_rows) - 1)) / min(seconds)
     shape = Shape(info.n_layers, info.n_heads, data.n, seeds, info.prefix_reuse,
-                  max(1, rows // min(data.n, rows)), exact_top, grad_passes=grad_passes, pos=data.pos)
+                  max(1, rows // min(data.n, rows)), exact_top, grad_passes=grad_passes, pos=data.pos,
+                  tail=tails[seconds.index(min(seconds))], jsd_per_s=jsd_rate(info.n_layers * info.n_heads, data.pos))
     return min(seconds), shape
+
+
+def jsd_rate(heads: int, pos: int) -> float:
+    """Elements per second of probes.head_similarity's divergence step (:func:`probes.similarity.jsd_row`), timed
+    on random patterns of the size one chunk of its pattern pass holds (probes._patterns.PATTERN_ELEMENTS)."""
+    rows = max(1, PATTERN_ELEMENTS // (heads * pos * pos))
+    n = min(heads, max(1, PATTERN_ELEMENTS // (rows * pos * pos)))
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(rows, n, pos, pos, generator=g).softmax(-1)
+    h, w = -torch.special.xlogy(p, p).sum(-1), torch.ones(rows, pos)
+    best = math.inf
+    for _ in range(2):  # the first call pays the temporaries' first allocation
+        start = time.perf_counter()
+        jsd_row(p, h, w, 0)
+        best = min(best, time.perf_counter() - start)
+    return rows * n * pos * pos / max(best, 1e-9)
+
+
+@contextmanager
+def _stack_time(model: Any) -> Iterator[list[float]]:
+    """Seconds the model spends in calls that stop at a layer (``stop_at_layer``: the stack, not its tail)."""
+    spent = [0.0]
+    began: list[float] = []
+
+    def pre(module: Any, args: tuple, kwargs: dict) -> None:
+        began.append(time.perf_counter() if kwargs.get("stop_at_layer") is not None else math.nan)
+
+    def post(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        start = began.pop()
+        if not math.isnan(start):
+            spent[0] += time.perf_counter() - start
+
+    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
+               model.register_forward_hook(post, with_kwargs=True)]
+    try:
+        yield spent
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def top_depth(shape: Shape, estimates: dict[str, Tensor]) -> tuple[tuple[str, float], ...]:
+    """Per importance method, the mean share of the stack its top candidates' passes run (a head of layer l runs
+    layers l..L-1), from the first-order estimates that choose them (:func:`_top`)."""
+    out = []
+    for method, estimate in estimates.items():
+        layers = _top(estimate, min(shape.exact_top, shape.heads)) // shape.n_heads
+        out.append((f"importance_{method}", float((shape.n_layers - layers).double().mean()) / shape.n_layers))
+    return tuple(out)
 
 
 def _top(estimate: Tensor, k: int) -> Tensor:
