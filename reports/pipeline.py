@@ -198,8 +198,9 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
                                       backward="importance_gradient" not in record["finished"])
     say.tail = shape.tail
     release_memory()
-    the_plan = plan.make_plan(chosen, shape, seconds, left(),
-                              finished={m: d["variant"] for m, d in record["finished"].items()})
+    the_plan = plan.make_plan(chosen, shape, seconds, None if budget is None else budget * 60,
+                              finished={m: d["variant"] for m, d in record["finished"].items()},
+                              spent_s=time.perf_counter() - began)
     for line in the_plan.lines():
         say.say(line)
     record["plan"] = [{"method": s.method, "variant": s.variant.name} for s in the_plan.steps]

@@ -82,6 +82,12 @@ def test_a_small_model_keeps_everything_exact_within_the_default_budget():
 def test_a_budget_below_the_cheapest_plan_names_its_estimate():
     with pytest.raises(AttnlabError, match=r"too small: the cheapest plan \(importance_gradient.*needs ~42 s"):
         plan.make_plan(plan.METHODS, SMOL, 14.0, 10.0)
+    # the budget holds the timed first pass: the message names the caller's budget and what the timing took
+    with pytest.raises(AttnlabError, match=r"--budget 0.75 min is too small: the timed first pass took 9 s and the "
+                                           r"cheapest plan \(importance_gradient.*needs ~42 s; expected a budget of "
+                                           r"at least 0.9 min"):
+        plan.make_plan(plan.METHODS, SMOL, 14.0, 45.0, spent_s=9.0)
+    assert plan.make_plan(plan.METHODS, SMOL, 14.0, 60.0, spent_s=9.0).seconds <= 51.0
 
 
 def test_unknown_methods_list_the_valid_ones():

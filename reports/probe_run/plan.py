@@ -188,8 +188,9 @@ def check_methods(methods: Optional[Sequence[str]]) -> tuple[str, ...]:
 
 
 def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, budget_s: Optional[float],
-              finished: Optional[dict[str, str]] = None) -> Plan:
-    """The best variant of each method that keeps the whole plan within ``budget_s`` (None: no budget).
+              finished: Optional[dict[str, str]] = None, spent_s: float = 0.0) -> Plan:
+    """The best variant of each method that keeps the whole plan within ``budget_s`` (None: no budget), of which
+    ``spent_s`` went on timing the first pass.
 
     ``finished`` (method -> variant, from a stopped run's manifest) costs nothing: those are kept, and
     the attribution pass they ran is read back from their files, not run again.
@@ -200,7 +201,7 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
     """
     chosen: dict[str, Variant] = {}
     notes: list[str] = []
-    left = math.inf if budget_s is None else budget_s
+    left = math.inf if budget_s is None else budget_s - spent_s
     finished = finished or {}
     # the attribution pass, which the cheap rankings share (probes.attribution), is in the plan or its files
     paid = any(m in finished for m in ("importance_gradient", "importance_attribution"))
@@ -213,9 +214,10 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
         if fit is None:
             if not chosen:
                 cheapest = options[-1].seconds(paid, seconds_per_pass)
-                raise AttnlabError(f"--budget {left / 60:.3g} min is too small: the cheapest plan ({method}, "
-                                   f"{options[-1].name}) needs ~{fmt_seconds(cheapest)}; expected a budget of at "
-                                   f"least {math.ceil(cheapest / 60 * 10) / 10:g} min")
+                timing = f"the timed first pass took {fmt_seconds(spent_s)} and " if spent_s else ""
+                raise AttnlabError(f"--budget {(budget_s or 0.0) / 60:.3g} min is too small: {timing}the cheapest "
+                                   f"plan ({method}, {options[-1].name}) needs ~{fmt_seconds(cheapest)}; expected "
+                                   f"a budget of at least {math.ceil((cheapest + spent_s) / 60 * 10) / 10:g} min")
             notes.append(f"{method}: dropped, its cheapest variant needs ~"
                          f"{fmt_seconds(options[-1].seconds(paid, seconds_per_pass))} and {fmt_seconds(left)} is left")
             continue

@@ -3,8 +3,8 @@ peak RSS <= 2 GB on 2 cores), against the plan it printed.
 
 Full mode only (``ATTNLAB_BENCH=full``): the checkpoint comes from a registry package (tests/helpers/checkpoints.py)
 and the run takes minutes. It runs as a user runs it, in a child process, on 10 x 128 tokens of the standard
-library's ``argparse.py``; the figures (wall time, the printed plan's estimate and their ratio, the child's peak
-RSS from ``wait4``, the load before and after) are recorded, not asserted: a timed assertion would flake on a
+library's ``argparse.py``; the figures (wall time, the printed plan's estimate and their ratio, the probe's peak
+RSS as its last line gives it, the load before and after) are recorded, not asserted: a timed assertion would flake on a
 shared machine. What is asserted: the run finishes, every method of its final plan has its file, and nothing of
 the plan is left unsaid (a method dropped is in the manifest's notes).
 """
@@ -44,15 +44,18 @@ def test_probe_smollm2_with_default_methods(benchmark, tmp_path):
         start = time.perf_counter()
         with open(tmp_path / "stdout", "w") as so, open(tmp_path / "stderr", "w") as se:
             child = subprocess.Popen(cmd, stdout=so, stderr=se)
-            _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS (Linux: KiB)
+            _, status = os.waitpid(child.pid, 0)
         wall = time.perf_counter() - start
         stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
         assert os.waitstatus_to_exitcode(status) == 0, stderr[-3000:]
         planned = re.search(r"plan: \d+ methods, ~([\d.]+) (s|min) at", stderr)
         assert planned, stderr[:2000]
         plan_s = float(planned.group(1)) * (60 if planned.group(2) == "min" else 1)
+        # the probe's own VmHWM, from its last finish line: a child's ru_maxrss (wait4, RUSAGE_CHILDREN) also
+        # counts the parent's RSS at the fork (4.35 GB inside this benchmark session, 1.82 GB by VmHWM)
+        peaks = re.findall(r"peak RSS so far ([\d.]+) GB", stderr)
         figures.update(wall_s=wall, plan_s=plan_s, wall_over_plan=wall / plan_s, load_before=before,
-                       load_after=_load(), peak_rss_gb=usage.ru_maxrss * 1024 / 1e9)
+                       load_after=_load(), peak_rss_gb=float(peaks[-1]) if peaks else float("nan"))
         benchmark.extra_info["stderr_tail"] = stderr[-2000:]
         print(stdout[-500:], stderr[-4000:], sep="\n")
 
