@@ -13,8 +13,9 @@ its library's documentation shows, all giving the same numbers (checked to 1e-4 
 - activation patching of the residual stream over layers x positions (corrupted run, one
   position's ``resid_pre`` taken from the clean run; metric: the answer's log-probability at the
   last position): attnlab ``probes.patch_residual``; the bridge TransformerLens's
-  ``patching.get_act_patch_resid_pre``; nnsight one trace per (layer, position) patching the
-  block's input.
+  ``patching.get_act_patch_resid_pre`` (over some positions: the ``generic_activation_patch`` it
+  specialises, with its setter, over an ``index_df`` of (layer, pos) cells); nnsight one trace per
+  (layer, position) patching the block's input.
 
 attnlab runs GPT-2 as :func:`harness.model.convert.from_hf` converts it (the same weights in
 attnlab's ``Transformer``, logits equal to Hugging Face's to ~1e-5).
@@ -23,9 +24,10 @@ attnlab's ``Transformer``, logits equal to Hugging Face's to ~1e-5).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
+import pandas as pd
 import torch
 from torch import Tensor, nn
 from transformer_lens import patching
@@ -86,8 +88,9 @@ class Attnlab:
         imp = probes.head_importance(self.model, tokens, method="ablation")
         return torch.tensor(imp["loss_delta"].to_numpy()).view(self.n_layers, self.n_heads)
 
-    def resid_patching(self, clean: Tensor, corrupted: Tensor) -> Tensor:
-        return probes.patching.patch_residual(self.model, clean, corrupted, _answer_logprob)
+    def resid_patching(self, clean: Tensor, corrupted: Tensor, positions: Sequence[int]) -> Tensor:
+        out = probes.patching.patch_residual(self.model, clean, corrupted, _answer_logprob, positions=list(positions))
+        return out[:, list(positions)]
 
 
 class Bridge:
@@ -122,11 +125,19 @@ class Bridge:
                     out[layer, head] = float(_loss(self._logits(logits), tokens)) - base
         return out
 
-    def resid_patching(self, clean: Tensor, corrupted: Tensor) -> Tensor:
+    def resid_patching(self, clean: Tensor, corrupted: Tensor, positions: Sequence[int]) -> Tensor:
         with torch.no_grad():
             _, cache = self.model.run_with_cache(clean, names_filter=lambda n: n.endswith("hook_resid_pre"))
             metric = lambda out: _answer_logprob(self._logits(out))  # noqa: E731
-            return patching.get_act_patch_resid_pre(self.model, corrupted, cache, metric).double().cpu()
+            if list(positions) == list(range(clean.shape[1])):  # every position: the documented call as it is
+                return patching.get_act_patch_resid_pre(self.model, corrupted, cache, metric).double().cpu()
+            # some positions: the same function over the (layer, pos) cells its index_df names
+            cells = pd.DataFrame([(layer, p) for layer in range(self.n_layers) for p in positions],
+                                 columns=["layer", "pos"])
+            out = patching.generic_activation_patch(self.model, corrupted, cache, metric,
+                                                    patch_setter=patching.layer_pos_patch_setter,
+                                                    activation_name="resid_pre", index_df=cells)
+            return out.double().cpu().view(self.n_layers, len(positions))
 
 
 class Nnsight:
@@ -163,20 +174,19 @@ class Nnsight:
                     out[layer, head] = float(_loss(logits, tokens)) - base
         return out
 
-    def resid_patching(self, clean: Tensor, corrupted: Tensor) -> Tensor:
-        pos = clean.shape[1]
-        out = torch.empty(self.n_layers, pos, dtype=torch.float64)
+    def resid_patching(self, clean: Tensor, corrupted: Tensor, positions: Sequence[int]) -> Tensor:
+        out = torch.empty(self.n_layers, len(positions), dtype=torch.float64)
         clean_in = []
         with torch.no_grad():
             with self.model.trace(clean):
                 for layer in range(self.n_layers):
                     clean_in.append(self.model.transformer.h[layer].input.save())
             for layer in range(self.n_layers):
-                for p in range(pos):
+                for i, p in enumerate(positions):
                     with self.model.trace(corrupted):
                         self.model.transformer.h[layer].input[:, p] = clean_in[layer][:, p]
                         logits = self.model.lm_head.output.save()
-                    out[layer, p] = float(_answer_logprob(logits))
+                    out[layer, i] = float(_answer_logprob(logits))
         return out
 
 
@@ -187,8 +197,11 @@ def corrupt(tokens: Tensor, d_vocab: int) -> Tensor:
     return out
 
 
-def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = TASKS) -> list[Row]:
-    """One row per (task, peer): the peer's time / attnlab's time, goal >= 1.5."""
+def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = TASKS,
+              positions: Optional[Sequence[int]] = None) -> list[Row]:
+    """One row per (task, peer): the peer's time / attnlab's time, goal >= 1.5. ``positions``: the positions
+    residual patching patches at every layer (default all)."""
+    where = list(range(shape.n_ctx)) if positions is None else list(positions)
     hf_nn, hf_bridge, hf_ours = gpt2_models(shape)
     contenders: list[Any] = [Attnlab(hf_ours), Bridge(hf_bridge), Nnsight(hf_nn)]
     tokens = shape.tokens(torch.device("cpu"))
@@ -196,7 +209,7 @@ def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = 
     calls: dict[str, Callable[[Any], Callable[[], Tensor]]] = {
         "patterns": lambda c: lambda: c.patterns(tokens),
         "loo_ablation": lambda c: lambda: c.loo_ablation(tokens),
-        "resid_patching": lambda c: lambda: c.resid_patching(tokens, corrupted),
+        "resid_patching": lambda c: lambda: c.resid_patching(tokens, corrupted, where),
     }
     rows = []
     for task in tasks:
@@ -211,7 +224,9 @@ def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = 
         times = interleaved_times(fns, rounds=rounds, warmup=0)
         med = medians(times)
         for name in ("bridge", "nnsight"):
-            rows.append(Row(f"{task} vs {name}, GPT-2 {shape.label}", med["attnlab"], med[name], "s",
+            label = shape.label + (f", {len(where)} of {shape.n_ctx} positions"
+                                   if task == "resid_patching" and len(where) < shape.n_ctx else "")
+            rows.append(Row(f"{task} vs {name}, GPT-2 {label}", med["attnlab"], med[name], "s",
                             paired_ratio(times, name, "attnlab"), ">=", 1.5))
     return rows
 
