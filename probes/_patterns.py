@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from harness.adapters.protocol import ProtocolModel
+from harness.errors import AttnlabError
 from probes import gates
 from probes._validate import ModelInfo, ProbeData, pattern_hook, z_hook
 
@@ -33,21 +34,29 @@ def _capture(seen: dict[int, Tensor], layer: int):
 
 
 def stream(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, what: str = "pattern",
-           batch_size: Optional[int] = None) -> Iterator[tuple[slice, list[Tensor]]]:
-    """Yield ``(rows, per-layer tensors)``: patterns ``[b, n_heads, q, k]`` or ``hook_z`` ``[b, pos, n_heads, d_head]``.
-    """
+           batch_size: Optional[int] = None, layers: Optional[list[int]] = None
+           ) -> Iterator[tuple[slice, list[Tensor]]]:
+    """Yield ``(rows, per-layer tensors)``: patterns ``[b, n_heads, q, k]`` or ``hook_z`` ``[b, pos, n_heads, d_head]``,
+    for ``layers`` in that order (default every layer). Each pass ends at the last layer asked for."""
     name = pattern_hook if what == "pattern" else z_hook
+    wanted = list(range(info.n_layers)) if layers is None else layers
     rows = chunk_rows(info, data.pos, batch_size) if what == "pattern" else gates.rows_per_pass(batch_size, data.pos)
     with gates.eval_mode(model):
         for s in range(0, data.n, rows):
             sl = slice(s, min(s + rows, data.n))
             seen: dict[int, Tensor] = {}
-            hooks = [(name(layer), _capture(seen, layer)) for layer in range(info.n_layers)]
+            hooks = [(name(layer), _capture(seen, layer)) for layer in wanted]
             am = None if data.attention_mask is None else data.attention_mask[sl]
             with torch.no_grad():
-                # nothing after the last layer's pattern is needed: its output, MLP and the unembedding are skipped
-                gates.hooked_pass(model, info, data.tokens[sl], am, hooks, until=name(info.n_layers - 1))
-            yield sl, [seen[layer] for layer in range(info.n_layers)]
+                # nothing after the last pattern asked for is needed: that layer's output, the later layers
+                # and the unembedding are skipped
+                gates.hooked_pass(model, info, data.tokens[sl], am, hooks, until=name(max(wanted)))
+            missing = [layer for layer in wanted if layer not in seen]
+            if missing:
+                hook = name(0).replace("blocks.0.", "blocks.{l}.")
+                raise AttnlabError(f"the pass wrote no {what} for layer(s) {missing}: expected {hook} to fire "
+                                   f"in every layer asked for")
+            yield sl, [seen[layer] for layer in wanted]
 
 
 def informative_queries(info: ModelInfo, real: Tensor) -> Tensor:

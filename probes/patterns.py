@@ -17,8 +17,8 @@ from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError, AttnlabTypeError
-from probes import _patterns, gates
-from probes._validate import check_batch_size, model_info, pattern_hook, probe_data, takes_any_model
+from probes import _patterns
+from probes._validate import check_batch_size, model_info, probe_data, takes_any_model
 
 
 def _layers(layers: Any, n_layers: int) -> list[int]:
@@ -51,20 +51,9 @@ def attention_patterns(model: AnyModel, tokens: Tensor, *, layers: Optional[Sequ
     model = cast(ProtocolModel, model)  # model_info checked it
     wanted = _layers(layers, info.n_layers)
     data = probe_data(info, tokens, attention_mask=attention_mask, need_loss=False)
-    rows = data.n if batch_size is None else batch_size
-    last = pattern_hook(max(wanted))
-    chunks: list[list[Tensor]] = []
-    with gates.eval_mode(model), torch.no_grad():
-        for s in range(0, data.n, rows):
-            seen: dict[int, Tensor] = {}
-            am = None if data.attention_mask is None else data.attention_mask[s:s + rows]
-            gates.hooked_pass(model, info, data.tokens[s:s + rows], am,
-                              [(pattern_hook(layer), _patterns._capture(seen, layer)) for layer in wanted], until=last)
-            missing = [layer for layer in wanted if layer not in seen]
-            if missing:
-                raise AttnlabError(f"the pass wrote no pattern for layer(s) {missing}: expected "
-                                   f"blocks.{{l}}.attn.hook_pattern to fire in every layer asked for")
-            chunks.append([seen[layer] for layer in wanted])
+    chunks = [per_layer for _, per_layer in
+              _patterns.stream(model, info, data, batch_size=data.n if batch_size is None else batch_size,
+                               layers=wanted)]
     if len(chunks) == 1:
         return torch.stack(chunks[0])
     return torch.stack([torch.cat([c[i] for c in chunks]) for i in range(len(wanted))])

@@ -106,3 +106,19 @@ def test_bad_layers_are_refused(layers, message):
 def test_bad_layers_type_is_refused():
     with pytest.raises(AttnlabTypeError, match="layers must be None or a sequence of layer indices, got str"):
         probes.attention_patterns(tiny(), tokens(), layers="0")
+
+
+def test_a_pattern_hook_that_never_fires_is_named():
+    """A model whose layer-1 ``hook_pattern`` is in ``hook_dict`` but never runs: the probes name the layer, for
+    ``attention_patterns`` and for the streaming pattern probes alike, and leave no hook behind."""
+    model = tiny()
+    model.blocks[1].attn.hook_pattern = torch.nn.Identity()  # hook_dict keeps the HookPoint, which no longer runs
+    message = r"the pass wrote no pattern for layer\(s\) \[1\]: expected blocks.\{l\}.attn.hook_pattern to fire"
+    with pytest.raises(AttnlabError, match=message):
+        probes.attention_patterns(model, tokens(), layers=[0, 1])
+    with pytest.raises(AttnlabError, match=message):
+        probes.attention_entropy(model, tokens())
+    assert all(not point.fwd_hooks for point in model.hook_dict.values())
+    # the layers that do fire still answer (to float32 rounding: an unhooked layer 1 takes the fused attention path)
+    torch.testing.assert_close(probes.attention_patterns(model, tokens(), layers=[2, 0]),
+                               cached(tiny(), tokens())[[2, 0]], rtol=0, atol=1e-6)
