@@ -8,8 +8,8 @@ on the head, the estimate Michel, Levy & Neubig (2019) read their gradient impor
 ``r`` the head's per-position mean over the data it estimates mean ablation. Both need the same
 ``dL/dz``, and the means come from the same forward pass (``sum_pos mu[pos] . sum_x dL/dz_x[pos]``
 only needs the sums), so one pass over the data gives every head's estimate of both, the gradient
-importance and the means themselves: what :func:`probes.gates.gate_gradients` and
-:func:`probes.gates.head_means` give separately, in one pass. Exact leave-one-out costs a masked
+importance and the means themselves: what :func:`probes._head_stats.gate_gradients` and
+:func:`probes._head_stats.head_means` give separately, in one pass. Exact leave-one-out costs a masked
 pass per head; these estimates rank the heads whose exact answer is worth computing.
 """
 
@@ -36,7 +36,7 @@ class Attribution:
     gradient: Float64[Tensor, "n_layers n_heads"]  # Michel et al.'s I_h = E_x |dL(x)/dxi_h|
     zero_delta: Float64[Tensor, "n_layers n_heads"]  # first-order loss change of zero ablation, -dL/dxi_h
     mean_delta: Float64[Tensor, "n_layers n_heads"]  # first-order loss change of mean ablation
-    means: Float[Tensor, "n_layers pos n_heads d_head"]  # per-position head means (probes.gates.head_means)
+    means: Float[Tensor, "n_layers pos n_heads d_head"]  # per-position head means (probes._head_stats.head_means)
 
 
 def attribution(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None
@@ -65,7 +65,7 @@ def attribution(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch
         return fn
 
     with gates.eval_mode(model), torch.enable_grad():
-        for tok, am, w, src in gates._chunks(data, gates.grad_rows(batch_size, info, data.pos)):
+        for tok, am, w, src in gates.chunks(data, gates.grad_rows(batch_size, info, data.pos)):
             real = torch.ones(tok.shape, dtype=torch.float64, device=info.device) if am is None else am.double()
             count += real.sum(0)
             sreal = gates.source_real(info, tok, src)  # an encoder-decoder's encoder rows: the source's positions

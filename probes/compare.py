@@ -31,7 +31,7 @@ from torch import Tensor
 from harness._checks import check_number, check_seed
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError
-from probes import gates, l0_gates
+from probes import _head_stats, gates, l0_gates
 from probes._validate import ModelInfo, ProbeData, check_batch_size, model_info, probe_data, takes_any_model
 from probes.importance import importance_scores, leave_one_out
 from probes.pruning import _cumulative_masks, _prunable, _random_order
@@ -148,7 +148,7 @@ def _scores(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str,
         scores = torch.empty(len(perm), dtype=torch.float64)
         scores[perm] = torch.arange(len(perm), dtype=torch.float64)
         return scores.view(info.n_layers, info.n_heads)
-    means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    means = _head_stats.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
     scores, _ = importance_scores(model, info, data, method, means=means, batch_size=batch_size, l0=l0)
     return scores.cpu()
 

@@ -6,7 +6,8 @@ A head mask ``m`` (``[n_layers, n_heads]``, 1 = keep) rewrites layer l's ``hook_
 
 with ``r = 0`` (ablation: the head's output is removed before the output projection) or the
 head's per-position mean over the data (mean ablation). Gradient importance (Michel, Levy &
-Neubig 2019, §4.1) makes ``m`` a gate ``xi`` held at 1 and differentiates the loss by it.
+Neubig 2019, §4.1) makes ``m`` a gate ``xi`` held at 1 and differentiates the loss by it
+(:mod:`probes._head_stats`, with the head means, over this module's pass runner).
 
 Speed. ``k`` masks ride in one forward pass: the data batch is repeated ``k`` times, mask-major
 (rows ``i*b .. (i+1)*b`` carry mask ``i``). A mask that first differs from the reference mask
@@ -21,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Optional, cast, overload
+from typing import Any, Optional, overload
 
 import torch
-from jaxtyping import Float, Float64, Shaped
+from jaxtyping import Float64, Shaped
 from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
@@ -115,18 +116,18 @@ def _then_stop(fn: Callable) -> Callable:
 @overload
 def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
                 start: Optional[int] = ..., stop: Optional[int] = ..., source: Optional[dict] = ...,
-                until: None = ...) -> Tensor: ...
+                until: None = ..., kv_cache: Any = ...) -> Tensor: ...
 
 
 @overload
 def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
                 start: Optional[int] = ..., stop: Optional[int] = ..., source: Optional[dict] = ...,
-                until: str) -> None: ...
+                until: str, kv_cache: Any = ...) -> None: ...
 
 
 def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask: Optional[Tensor], hooks: list, *,
         start: Optional[int] = None, stop: Optional[int] = None, source: Optional[dict] = None,
-        until: Optional[str] = None) -> Optional[Tensor]:
+        until: Optional[str] = None, kv_cache: Any = None) -> Optional[Tensor]:
     """One forward pass through the model protocol with temporary forward hooks.
 
     Hooks go straight onto the HookPoints (TransformerLens's ``HookPoint.add_hook``) and exactly
@@ -137,6 +138,7 @@ def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask
     ``until``: the name of one of ``hooks`` after which nothing the pass computes is needed; the pass
     ends there (a signal raised from that hook, caught here) and returns None. A pass that only reads
     activations so skips the layers after the last it reads and the unembedding (issue 19, item 3).
+    ``kv_cache``: passed to the forward as ``kv_cache=`` (attnlab's Transformer fills it or continues from it).
     """
     if until is not None and until not in {name for name, _ in hooks}:
         raise AttnlabError(f"until={until!r} names none of the pass's hooks: expected one of "
@@ -148,6 +150,8 @@ def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask
         kwargs["start_at_layer"] = start
     if stop is not None:
         kwargs["stop_at_layer"] = stop
+    if kv_cache is not None:
+        kwargs["kv_cache"] = kv_cache
     added = []
     try:
         for name, fn in hooks:
@@ -215,7 +219,7 @@ def _rows_at(info: ModelInfo, layer: int) -> list[int]:
     return [r for r in range(info.n_layers) if info.starts[r] == layer or info.reruns[r]]
 
 
-def _chunks(data: ProbeData, rows: int) -> Iterator[tuple[Tensor, Optional[Tensor], Tensor, dict[str, Tensor]]]:
+def chunks(data: ProbeData, rows: int) -> Iterator[tuple[Tensor, Optional[Tensor], Tensor, dict[str, Tensor]]]:
     """Slices of the data: tokens, attention mask, loss weights and the source keywords (empty without one)."""
     step = min(data.n, rows)
     for s in range(0, data.n, step):
@@ -270,7 +274,7 @@ def masked_stats(model: ProtocolModel, info: ModelInfo, data: ProbeData, masks: 
     passes = [(layer, idx[j:j + per_pass]) for layer, idx in groups for j in range(0, len(idx), per_pass)]
     passes = [p for i, p in enumerate(passes) if _shard.owner(i) == _shard.world()[0]]
     with eval_mode(model), torch.no_grad():
-        for tok, am, w, src in _chunks(data, rows):
+        for tok, am, w, src in chunks(data, rows):
             resid: list[Tensor] = []
             if info.prefix_reuse and passes:  # residual entering each needed layer, under the base mask, once
                 resid.append(hooked_pass(model, info, tok, am, [], stop=0, source=src))
@@ -343,83 +347,3 @@ def stack_rows(per_row: list[Tensor]) -> Tensor:
     longest = max(t.shape[0] for t in per_row)
     return torch.stack([t if t.shape[0] == longest else
                         torch.cat((t, t.new_zeros(longest - t.shape[0], *t.shape[1:]))) for t in per_row])
-
-
-def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None
-               ) -> Float[Tensor, "n_layers pos n_heads d_head"]:
-    """Per-position mean of every head's ``hook_z`` over the data's real tokens.
-
-    ``[n_layers, pos, n_heads, d_head]``; a position that is padding in every sequence gets 0.
-    This is the replacement of mean ablation: the head's output no longer depends on the input.
-    An encoder-decoder's encoder rows average over the real source tokens, per source position
-    (``pos`` is then the longer of the decoder's and the source's, the rest zeros).
-    """
-    sums: dict[int, Tensor] = {}
-    count = torch.zeros(data.pos, dtype=torch.float64, device=info.device)
-    src_count: Optional[Tensor] = None
-
-    def capture(layer: int, real: Tensor) -> Callable:
-        def fn(z: Tensor, hook: Any) -> None:
-            s = (z.double() * real[:, :, None, None]).sum(0)  # [pos, n_heads, d_head]: one layer, one chunk
-            sums[layer] = s if layer not in sums else sums[layer] + s
-        return fn
-
-    with eval_mode(model), torch.no_grad():
-        for tok, am, _, src in _chunks(data, rows_per_pass(batch_size, data.pos, info.device, d_vocab=info.d_vocab)):
-            real = torch.ones(tok.shape, dtype=torch.float64, device=info.device) if am is None else am.double()
-            count += real.sum(0)
-            sreal = source_real(info, tok, src)
-            if sreal is not None:
-                src_count = sreal.sum(0) if src_count is None else src_count + sreal.sum(0)
-            hooks = [(info.z_hooks[row], capture(row, cast(Tensor, sreal) if is_encoder_row(info, row) else real))
-                     for row in range(info.n_layers)]
-            # only activations are needed: a model that can stop mid-stack skips ln_final and the unembedding
-            hooked_pass(model, info, tok, am, hooks, stop=info.depth if info.prefix_reuse else None, source=src)
-    denom = count.clamp(min=1)[:, None, None]
-    src_denom = None if src_count is None else src_count.clamp(min=1)[:, None, None]
-    return stack_rows([sums[row] / (cast(Tensor, src_denom) if is_encoder_row(info, row) else denom)
-                       for row in range(info.n_layers)]).float()
-
-
-def gate_gradients(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, base: Optional[Tensor] = None,
-                   means: Optional[Tensor] = None, batch_size: Optional[int] = None
-                   ) -> tuple[Float64[Tensor, "n_layers n_heads"], Float64[Tensor, "n_layers n_heads"]]:
-    """Gradients of the loss by head gates xi = 1 (Michel, Levy & Neubig 2019, eq. 2 and §4.1).
-
-    Each sequence x gets its own gates, so one forward and one backward give every per-sequence
-    gradient dL(x)/dxi_h, where L(x) is the sequence's mean loss over its loss positions.
-    Returns ``(importance, expected_delta)``, both ``[n_layers, n_heads]`` float64:
-    ``importance = E_x |dL(x)/dxi_h|`` over sequences with a loss position (their I_h), and
-    ``expected_delta = -dL/dxi_h`` of the token-weighted loss, the first-order (Taylor) estimate
-    of the loss change when the gate goes from 1 to 0. Heads already off in ``base`` stay off.
-    """
-    L, H = info.n_layers, info.n_heads
-    base = torch.ones(L, H, device=info.device) if base is None else base.to(info.device, torch.float32)
-    abs_sum = torch.zeros(L, H, dtype=torch.float64, device=info.device)
-    signed_sum = torch.zeros(L, H, dtype=torch.float64, device=info.device)
-    n_seqs = 0
-
-    def gated(layer: int, gates: Tensor) -> Callable:
-        def fn(z: Tensor, hook: Any) -> Tensor:
-            g = (base[layer] * gates[:, layer]).to(z.dtype)[:, None, :, None]  # [batch, 1, n_heads, 1]
-            out = z * g
-            if means is not None:  # a pruned head (base 0) keeps its mean output
-                out = out + (1 - base[layer]).to(z.dtype)[None, None, :, None] * means[layer][None, : z.shape[1]]
-            return out
-        return fn
-
-    with eval_mode(model), torch.enable_grad():
-        for tok, am, w, src in _chunks(data, grad_rows(batch_size, info, data.pos)):
-            gates = torch.ones(tok.shape[0], L, H, device=info.device, requires_grad=True)
-            hooks = [(info.z_hooks[row], gated(row, gates)) for row in range(L)]
-            logits = hooked_pass(model, info, tok, am, hooks, source=src)
-            nll, _ = token_nll(logits, tok, 1)
-            seq_w = w.sum(1)
-            per_seq = (nll[0] * w).sum(1) / seq_w.clamp(min=1)
-            (grad,) = torch.autograd.grad(per_seq.sum(), gates)
-            grad = grad.double()
-            valid = seq_w > 0
-            abs_sum += grad[valid].abs().sum(0)
-            signed_sum += (grad * seq_w.double()[:, None, None]).sum(0)  # d(token-weighted loss), unnormalised
-            n_seqs += int(valid.sum())
-    return abs_sum / max(n_seqs, 1), -signed_sum / data.weights.sum().double()

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError
-from probes import gates, l0_gates
+from probes import _head_stats, gates, l0_gates
 from probes._validate import (
     METHODS,
     ModelInfo,
@@ -78,7 +78,7 @@ def importance_scores(model: ProtocolModel, info: ModelInfo, data: ProbeData, me
 
     ``l0_gates`` has no measured loss change: its ``loss_delta`` is NaN."""
     if method == "gradient":
-        return gates.gate_gradients(model, info, data, base=base, means=means, batch_size=batch_size)
+        return _head_stats.gate_gradients(model, info, data, base=base, means=means, batch_size=batch_size)
     if method == "attribution":
         if base is not None:
             raise AttnlabError("method='attribution' estimates removing one head from the intact model; it cannot "
@@ -136,10 +136,10 @@ def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tens
     data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
                       source_mask=source_mask)
     subset = _check_heads(heads, info, method)
-    means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    means = _head_stats.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
     baseline, extra = None, dict[str, Any]()
     if method == "gradient":
-        importance, delta = gates.gate_gradients(model, info, data, batch_size=batch_size)
+        importance, delta = _head_stats.gate_gradients(model, info, data, batch_size=batch_size)
     elif method == "attribution":
         importance, delta = importance_scores(model, info, data, method, batch_size=batch_size)
     elif method == "l0_gates":

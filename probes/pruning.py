@@ -18,7 +18,7 @@ from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError
-from probes import gates
+from probes import _head_stats, gates
 from probes._validate import (
     METHODS,
     ModelInfo,
@@ -117,7 +117,7 @@ def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] 
     L, H = info.n_layers, info.n_heads
     N = L * H
     counts = sorted({round(f * N) for f in fracs})
-    means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    means = _head_stats.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
 
     runs: list[tuple[str, Any, Tensor]] = []
     if "importance" in orders:
@@ -191,7 +191,7 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
     L, H = info.n_layers, info.n_heads
     N = L * H
     counts = list(range(N + 1))
-    means = gates.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    means = _head_stats.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
     ranking = _ranking(model, info, data, method, means, counts, reestimate, batch_size, _known(scores, info))
 
     # Each curve is read up to the first mask that breaks the model, so each runs only that far

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import probes
 from harness import ModelConfig, Transformer
-from probes import gates
+from probes import _head_stats, gates
 from probes._validate import model_info, probe_data
 from probes.roles import role_key_sets
 from reports.bench.reference import naive_head_ablation, reference_loss
@@ -109,7 +109,7 @@ def test_mean_ablation_uses_per_position_means():
     # and head_means itself is the per-position mean over sequences (run_with_cache hooks the pattern,
     # which takes the explicit softmax path; head_means runs SDPA: kernels differ by float32 rounding)
     info = model_info(model)
-    torch.testing.assert_close(gates.head_means(model, info, probe_data(info, tokens)), torch.stack(per_position),
+    torch.testing.assert_close(_head_stats.head_means(model, info, probe_data(info, tokens)), torch.stack(per_position),
                                atol=1e-5, rtol=0)
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import probes
 from harness import ModelConfig, Transformer
 from harness.adapters import HFAdapter
-from probes import _nll, gates
+from probes import _head_stats, _nll, gates
 from probes._validate import model_info, probe_data
 from probes.attribution import attribution
 from probes.importance import leave_one_out
@@ -70,7 +70,7 @@ def test_head_means_skips_the_unembedding_and_keeps_its_numbers():
     seen = []
     handle = model.unembed.register_forward_hook(lambda *a: seen.append(1))
     try:
-        fast = gates.head_means(model, info, data)
+        fast = _head_stats.head_means(model, info, data)
     finally:
         handle.remove()
     assert not seen  # stopped before ln_final and the unembedding
@@ -127,7 +127,7 @@ def test_redundancy_reads_the_same_curves_with_fewer_passes():
     got = probes.redundancy(model, tok, tolerance=0.02, seeds=(0, 1))
     info = model_info(model)
     data = probe_data(info, tok)
-    ranking = torch.sort(gates.gate_gradients(model, info, data)[0].flatten().cpu(), stable=True).indices
+    ranking = torch.sort(_head_stats.gate_gradients(model, info, data)[0].flatten().cpu(), stable=True).indices
     for order, key in ((ranking, "prunable_heads"),):
         loss, _ = gates.masked_stats(model, info, data, _cumulative_masks(order, list(range(13)), 3, 4))
         assert got[key] == _prunable(loss > float(loss[0]) * 1.02)
@@ -146,8 +146,8 @@ def test_attribution_is_the_derivative_of_mean_ablation():
     info = model_info(model)
     data = probe_data(info, tokens())
     a = attribution(model, info, data)
-    torch.testing.assert_close(a.means.double(), gates.head_means(model, info, data).double(), atol=1e-6, rtol=0)
-    grad, zero = gates.gate_gradients(model, info, data)
+    torch.testing.assert_close(a.means.double(), _head_stats.head_means(model, info, data).double(), atol=1e-6, rtol=0)
+    grad, zero = _head_stats.gate_gradients(model, info, data)
     torch.testing.assert_close(a.gradient, grad, atol=1e-12, rtol=1e-9)
     torch.testing.assert_close(a.zero_delta, zero, atol=1e-12, rtol=1e-9)
     eps = 1e-3

@@ -137,7 +137,7 @@ def variants(method: str, shape: Shape) -> list[Variant]:
     if method in ("importance_gradient", "importance_attribution"):
         return [Variant("one fwd+bwd", grad, shared=grad)]
     if method in ("importance_ablation", "importance_mean_ablation"):
-        # the head means: one pass through the stack (probes.gates.head_means stops before the tail)
+        # the head means: one pass through the stack (probes._head_stats.head_means stops before the tail)
         extra = 1.0 - shape.tail if method == "importance_mean_ablation" else 0.0
         out = [Variant("exact", extra + shape.masked(N + 1, depth))]
         if top < N:

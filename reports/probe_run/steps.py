@@ -21,7 +21,7 @@ from torch import Tensor
 
 import probes
 from harness.run_dir import RunDir, atomic_write, atomic_write_json, read_json
-from probes import gates
+from probes import _head_stats, gates
 from probes._patterns import PATTERN_ELEMENTS
 from probes._validate import model_info, probe_data
 from probes.compare import ESTIMATORS
@@ -113,7 +113,7 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
         timed = []
         for _ in range(2 if grad_rows < data.n else 1):  # the first backward pays one-off costs; the run pays them once
             start = time.perf_counter()
-            gates.gate_gradients(model, info, chunk)
+            _head_stats.gate_gradients(model, info, chunk)
             timed.append(time.perf_counter() - start)
         grad_passes = (timed[0] + min(timed) * (math.ceil(data.n / grad_rows) - 1)) / min(seconds)
     shape = Shape(info.n_layers, info.n_heads, data.n, seeds, info.prefix_reuse,
