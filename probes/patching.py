@@ -11,10 +11,20 @@ Speed. For layer l, every position's patch rides in one forward pass (the corrup
 repeated once per position, position-major). On models whose ``forward`` can stop and start at a
 layer (``stop_at_layer``/``start_at_layer``), the corrupted residual entering layer l is computed
 once and the patched passes start there: layers before l are the same in every patched run.
+
+On attnlab's own causal Transformer a patch at position p also leaves every position before p as it
+was in the corrupted run, in every layer (a causal model's position i reads positions <= i only), so
+the patched pass computes positions p.. alone: it starts at layer l from the corrupted keys and values
+of positions < p (a :class:`~harness.model.KVCache` the corrupted run filled) and the logits before p
+are the corrupted run's. Patches at nearby positions still share a pass where one pass's fixed cost
+outweighs the positions it recomputes (:func:`position_groups`). At GPT-2 small's T128 x 8
+sequences, patching every 8th position at every layer computes 53 % of the tokens of full passes and
+takes 71 s against 110 s for the batched passes over every position (load ~1.5-1.9).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, cast
 
@@ -24,11 +34,22 @@ from torch import Tensor
 
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError, AttnlabTypeError
+from harness.model import KVCache, Transformer
 from probes import gates
-from probes._validate import model_info, takes_any_model
+from probes._validate import ModelInfo, model_info, takes_any_model
 from probes.gates import eval_mode, rows_per_pass
 
 Metric = Callable[[Tensor], Tensor]  # logits [batch, pos, d_vocab] -> a scalar tensor
+
+# A pass's fixed cost in tokens' worth of work: what a pass of one token costs beyond that token.
+# Measured on attnlab's Transformer, 2 CPU cores, 1 against 256 tokens from layer 0 (load 0.3): 126
+# tokens at d_model 32, 87 at 64, 50 at 128, 29 at 256 (~120-220 us of Python per block), 23 at
+# GPT-2 small (streaming its 0.5 GB of weights); 20 + 4000 / d_model follows all five within 15 %.
+def cpu_pass_overhead_tokens(d_model: int) -> int:
+    return round(20 + 4000 / d_model)
+
+
+ACCELERATOR_PASS_OVERHEAD_TOKENS = 4096  # an estimate, not a measurement: no GPU was at hand
 
 
 def resid_hook(layer: int) -> str:
@@ -61,6 +82,61 @@ def _patch_fn(clean_resid: Tensor, positions: Sequence[int], b: int) -> Callable
         return out
 
     return fn
+
+
+def position_groups(positions: Sequence[int], pos: int, rows: int, max_k: int, overhead: int) -> list[list[int]]:
+    """``positions`` ascending, split into runs that each take one suffix pass from the run's first position.
+
+    A pass of ``k`` patches from position ``p`` computes ``k * rows * (pos - p)`` tokens plus a fixed cost of
+    ``overhead`` tokens' worth; the split minimises the total (dynamic programming over the sorted positions,
+    at most ``max_k`` patches per pass)."""
+    ps = sorted(positions)
+    n, max_k = len(ps), max(1, min(max_k, 256))
+    best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(max(0, j - max_k), j):  # the run ps[i:j]
+            cost = best[i] + overhead + (j - i) * rows * (pos - ps[i])
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(ps[cut[j]:j])
+        j = cut[j]
+    return groups[::-1]
+
+
+def _suffix_route(model: object, info: ModelInfo) -> bool:
+    """attnlab's own causal Transformer: its forward takes ``start_at_layer`` with a ``kv_cache`` holding earlier
+    positions, and a position reads no later one."""
+    return info.prefix_reuse and isinstance(model, Transformer) and model.config.attention_dir == "causal"
+
+
+def _patch_suffixes(model: Transformer, info: ModelInfo, metric: Metric, clean: dict[str, Tensor], corrupted: Tensor,
+                    layers: list[int], positions: list[int], per_pass: int, out: Tensor) -> None:
+    """The table through suffix passes (module docstring): each pass starts at its layer and first position."""
+    b, pos = corrupted.shape
+    full = KVCache(model.config.n_layers, capacity=pos)
+    resid: dict[str, Tensor] = {}
+
+    def saver(t: Tensor, hook: Any) -> None:
+        resid[hook.name] = t.detach().clone()
+
+    # the corrupted logits, every layer's keys and values, and the residuals the patches start from
+    base = gates.hooked_pass(model, info, corrupted, None, [(resid_hook(x), saver) for x in layers], kv_cache=full)
+    device = corrupted.device
+    overhead = (cpu_pass_overhead_tokens(model.config.d_model) if device.type == "cpu"
+                else ACCELERATOR_PASS_OVERHEAD_TOKENS)
+    for layer in layers:
+        for chunk in position_groups(positions, pos, b, per_pass, overhead):
+            start, k = chunk[0], len(chunk)
+            x = resid[resid_hook(layer)][:, start:].repeat(k, 1, 1)
+            for i, p in enumerate(chunk):
+                x[i * b:(i + 1) * b, p - start] = clean[resid_hook(layer)][:, p].to(x.dtype)
+            cache = full.prefix(start, repeat=k, layers=range(layer, model.config.n_layers)) if start else None
+            logits = model(x, start_at_layer=layer, kv_cache=cache)
+            for i, p in enumerate(chunk):
+                mine = logits[i * b:(i + 1) * b]
+                out[layer, p] = float(metric(torch.cat((base[:, :start], mine), 1) if start else mine))
 
 
 @torch.no_grad()
@@ -111,6 +187,9 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
 
         gates.hooked_pass(model, info, clean, None, [(resid_hook(x), saver) for x in layers],
                           until=resid_hook(max(layers)))  # the clean run ends at the last residual it saves
+        if _suffix_route(model, info):
+            _patch_suffixes(cast(Transformer, model), info, metric, store, corrupted, layers, positions, per_pass, out)
+            return out
         corrupt_resid: list[Tensor] = []
         if info.prefix_reuse:  # corrupted residual entering every layer, computed once
             corrupt_resid.append(model(corrupted, stop_at_layer=0))

@@ -93,3 +93,45 @@ def test_forward_with_cache_equals_a_full_forward():
 def test_bad_capacity_is_one_error():
     with pytest.raises(AttnlabError, match=r"capacity=0 is invalid"):
         KVCache(2, capacity=0)
+
+
+@pytest.mark.parametrize("pos_type", ["standard", "rotary", "alibi"])
+def test_a_prefix_of_a_full_cache_continues_the_sequence(pos_type):
+    """``KVCache.prefix(p, repeat=k, layers=l..)``: a pass from layer l over positions p.. of k stacked copies
+    equals the full pass at those positions, and leaves the cache it came from as it was."""
+    model, t = small(positional_embedding_type=pos_type), tokens(2, 12)
+    full = KVCache(2, capacity=12)
+    with torch.no_grad():
+        want = model(t, kv_cache=full)
+        resid = model(t, stop_at_layer=1)
+        keys = full.layers[1].k.clone()
+        cache = full.prefix(5, repeat=3, layers=[1])
+        assert cache.length == 5 and cache.layers[0].k is None and cache.layers[1].k.shape == (6, 4, 5, 8)
+        got = model(resid[:, 5:].repeat(3, 1, 1), start_at_layer=1, kv_cache=cache)
+    for i in range(3):
+        torch.testing.assert_close(got[i * 2:(i + 1) * 2], want[:, 5:], atol=1e-5, rtol=0)
+    assert torch.equal(full.layers[1].k, keys) and full.length == 12
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(length=13), "length=13 is past the 12 cached tokens"),
+    (dict(length=0), "length=0 is invalid"),
+    (dict(length=4, repeat=0), "repeat=0 is invalid"),
+])
+def test_bad_prefix_is_one_error(kwargs, match):
+    full = KVCache(2, capacity=12)
+    with torch.no_grad():
+        small()(tokens(2, 12), kv_cache=full)
+    with pytest.raises(AttnlabError, match=match):
+        full.prefix(**kwargs)
+
+
+def test_a_prefix_of_layers_no_pass_wrote_is_refused():
+    with pytest.raises(AttnlabError, match="layer 0 of the cache holds no keys"):
+        _empty_with_length(4).prefix(2)
+
+
+def _empty_with_length(n: int) -> KVCache:
+    cache = KVCache(2, capacity=n)
+    cache.length = n
+    return cache

@@ -12,12 +12,14 @@ tensor that autograd saved would invalidate it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from harness._checks import check_int
+from harness.errors import AttnlabError
 
 __all__ = ["KVCache", "KVCacheEntry", "grown"]
 
@@ -85,6 +87,28 @@ class KVCache:
         self.length = 0
         self._mask: Optional[Tensor] = None  # bool storage [batch, capacity]; None = every token real so far
 
+    def prefix(self, length: int, *, repeat: int = 1, layers: Optional[Iterable[int]] = None) -> KVCache:
+        """A new cache holding this one's first ``length`` tokens, every row repeated ``repeat`` times (copy ``i``
+        is rows ``i * batch .. (i + 1) * batch``), in ``layers`` (default every layer; the others stay empty, for
+        a pass that starts after them with ``start_at_layer``). Its storage has this cache's room, so a pass that
+        continues the sequence writes its own keys and values in place."""
+        check_int("length", length, 1)
+        check_int("repeat", repeat, 1)
+        if length > self.length:
+            raise AttnlabError(f"length={length} is past the {self.length} cached tokens: expected at most "
+                               f"{self.length}")
+        out = KVCache(len(self.layers), capacity=self.capacity)
+        for layer in range(len(self.layers)) if layers is None else layers:
+            src, dst = self.layers[layer], out.layers[layer]
+            if src.k_storage is None or src.v_storage is None:
+                raise AttnlabError(f"layer {layer} of the cache holds no keys: expected a cache a full pass wrote")
+            dst.k_storage, dst.v_storage = (_repeated(t, length, repeat) for t in (src.k_storage, src.v_storage))
+            dst.length = length
+        if self._mask is not None:
+            out._mask = self._mask.repeat(repeat, 1)
+        out.length = length
+        return out
+
     @property
     def mask(self) -> Optional[Tensor]:
         """The padding mask of the cached tokens, ``bool [batch, length]`` (None: every one is real)."""
@@ -105,3 +129,12 @@ class KVCache:
             self._mask = grown(self._mask, self._mask, self.length, self.length + q, self.capacity, dim=1)
         self._mask[:, self.length:self.length + q] = True if new is None else new
         return self._mask[:, :self.length + q]
+
+
+def _repeated(storage: Tensor, length: int, repeat: int) -> Tensor:
+    """``storage [batch, n_heads, room, d_head]`` as ``repeat`` stacked copies of its first ``length`` tokens
+    (the rest zeros), copied once, without an intermediate."""
+    b, h, room, d = storage.shape
+    out = storage.new_zeros(repeat * b, h, room, d)
+    out.view(repeat, b, h, room, d)[:, :, :, :length].copy_(storage[None, :, :, :length])
+    return out
