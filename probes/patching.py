@@ -126,8 +126,9 @@ def _patch_suffixes(model: Transformer, info: ModelInfo, metric: Metric, clean: 
     device = corrupted.device
     overhead = (cpu_pass_overhead_tokens(model.config.d_model) if device.type == "cpu"
                 else ACCELERATOR_PASS_OVERHEAD_TOKENS)
+    groups = position_groups(positions, pos, b, per_pass, overhead)  # the same at every layer
     for layer in layers:
-        for chunk in position_groups(positions, pos, b, per_pass, overhead):
+        for chunk in groups:
             start, k = chunk[0], len(chunk)
             x = resid[resid_hook(layer)][:, start:].repeat(k, 1, 1)
             for i, p in enumerate(chunk):
