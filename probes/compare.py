@@ -112,13 +112,8 @@ class PassCounter:
                     self.backward += share
                 out.register_hook(count)
 
-        handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
-                   model.register_forward_hook(post, with_kwargs=True)]
-        try:
+        with gates.call_hooks(model, pre, post):
             yield self
-        finally:
-            for h in handles:
-                h.remove()
 
 
 def _check_methods(methods: Any) -> tuple[str, ...]:

@@ -102,6 +102,20 @@ def eval_mode(model: AnyModel) -> Iterator[None]:
             m.training = flag
 
 
+@contextmanager
+def call_hooks(model: Any, pre: Callable, post: Callable) -> Iterator[None]:
+    """``pre(module, args, kwargs)`` before and ``post(module, args, kwargs, output)`` after every call of the
+    model's own forward within the ``with`` block (torch's module hooks, with keywords), removed after, even on
+    error: what counts or times the passes a probe makes sees each call's ``start_at_layer``/``stop_at_layer``."""
+    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
+               model.register_forward_hook(post, with_kwargs=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class _Done(Exception):  # noqa: N818 - a control-flow signal, not an error
     """Raised by the ``until`` hook of :func:`hooked_pass` once it has seen what the pass is for."""
 

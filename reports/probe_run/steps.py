@@ -152,13 +152,8 @@ def _stack_time(model: Any) -> Iterator[list[float]]:
         if not math.isnan(start):
             spent[0] += time.perf_counter() - start
 
-    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
-               model.register_forward_hook(post, with_kwargs=True)]
-    try:
+    with gates.call_hooks(model, pre, post):
         yield spent
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def top_depth(shape: Shape, estimates: dict[str, Tensor]) -> tuple[tuple[str, float], ...]:
