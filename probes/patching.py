@@ -72,6 +72,13 @@ def _check(clean: object, corrupted: object, d_vocab: int, metric: object) -> tu
     return clean, corrupted
 
 
+def _saver(store: dict[str, Tensor]) -> Callable:
+    """A hook that keeps a copy of what it sees under its hook's name."""
+    def fn(t: Tensor, hook: Any) -> None:
+        store[hook.name] = t.detach().clone()
+    return fn
+
+
 def _patch_fn(clean_resid: Tensor, positions: Sequence[int], b: int) -> Callable:
     """A resid_pre hook: copy ``i`` of the position-major batch takes the clean residual at ``positions[i]``."""
 
@@ -117,12 +124,9 @@ def _patch_suffixes(model: Transformer, info: ModelInfo, metric: Metric, clean: 
     b, pos = corrupted.shape
     full = KVCache(model.config.n_layers, capacity=pos)
     resid: dict[str, Tensor] = {}
-
-    def saver(t: Tensor, hook: Any) -> None:
-        resid[hook.name] = t.detach().clone()
-
     # the corrupted logits, every layer's keys and values, and the residuals the patches start from
-    base = gates.hooked_pass(model, info, corrupted, None, [(resid_hook(x), saver) for x in layers], kv_cache=full)
+    base = gates.hooked_pass(model, info, corrupted, None, [(resid_hook(x), _saver(resid)) for x in layers],
+                             kv_cache=full)
     device = corrupted.device
     overhead = (cpu_pass_overhead_tokens(model.config.d_model) if device.type == "cpu"
                 else ACCELERATOR_PASS_OVERHEAD_TOKENS)
@@ -182,11 +186,7 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
     per_pass = max(1, rows_per_pass(batch_size, pos) // b)
     with eval_mode(model):
         store: dict[str, Tensor] = {}
-
-        def saver(t: Tensor, hook: Any) -> None:
-            store[hook.name] = t.detach().clone()
-
-        gates.hooked_pass(model, info, clean, None, [(resid_hook(x), saver) for x in layers],
+        gates.hooked_pass(model, info, clean, None, [(resid_hook(x), _saver(store)) for x in layers],
                           until=resid_hook(max(layers)))  # the clean run ends at the last residual it saves
         if _suffix_route(model, info):
             _patch_suffixes(cast(Transformer, model), info, metric, store, corrupted, layers, positions, per_pass, out)
