@@ -54,8 +54,10 @@ def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_
                 src_count = sreal.sum(0) if src_count is None else src_count + sreal.sum(0)
             hooks = [(info.z_hooks[row], capture(row, cast(Tensor, sreal) if is_encoder_row(info, row) else real))
                      for row in range(info.n_layers)]
-            # only activations are needed: a model that can stop mid-stack skips ln_final and the unembedding
-            hooked_pass(model, info, tok, am, hooks, stop=info.depth if info.prefix_reuse else None, source=src)
+            # only activations are needed: the pass ends at the last head output it reads (the last row's, an
+            # encoder-decoder's last cross-attention), so the rest of that layer, ln_final and the unembedding
+            # never run, on any model
+            hooked_pass(model, info, tok, am, hooks, source=src, until=info.z_hooks[-1])
     denom = count.clamp(min=1)[:, None, None]
     src_denom = None if src_count is None else src_count.clamp(min=1)[:, None, None]
     return stack_rows([sums[row] / (cast(Tensor, src_denom) if is_encoder_row(info, row) else denom)

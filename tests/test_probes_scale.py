@@ -80,6 +80,26 @@ def test_head_means_skips_the_unembedding_and_keeps_its_numbers():
     assert float((fast - want).abs().max()) <= ATOL
 
 
+def test_head_means_end_at_the_last_head_output_on_an_hf_model():
+    """The means pass ends at the last ``hook_z``, so neither the last layer's MLP nor ``lm_head`` runs, and the
+    means equal those of attribution's full forward-backward pass."""
+    torch.manual_seed(0)
+    hf = ZOO["gpt2"]().eval()
+    model = HFAdapter(hf)
+    info = model_info(model)
+    data = probe_data(info, torch.randint(0, V, (3, 9), generator=torch.Generator().manual_seed(1)))
+    seen: list[str] = []
+    handles = [hf.lm_head.register_forward_hook(lambda *a: seen.append("lm_head")),
+               hf.transformer.h[-1].mlp.register_forward_hook(lambda *a: seen.append("last mlp"))]
+    try:
+        means = _head_stats.head_means(model, info, data)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert not seen
+    assert torch.equal(means, attribution(model, info, data).means)
+
+
 def test_token_nll_in_slices_equals_one_call(monkeypatch):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 9, 50, generator=g)
