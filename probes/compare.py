@@ -78,6 +78,15 @@ def kendall_tau_b(x: Float[Tensor, " n"], y: Float[Tensor, " n"]) -> float:
     return float((sx * sy).sum()) / denom if denom > 0 else math.nan
 
 
+def pass_share(rows: int, kwargs: dict, n_layers: int, n_sequences: int) -> float:
+    """One call of a model's forward, in passes of the whole data through the whole model: ``rows`` sequences
+    through the layers its ``start_at_layer`` / ``stop_at_layer`` keywords say ran."""
+    start = kwargs.get("start_at_layer") or 0
+    stop = kwargs.get("stop_at_layer")
+    stop = n_layers if stop is None else stop
+    return rows * max(stop - start, 0) / (n_sequences * n_layers)
+
+
 class PassCounter:
     """Counts forward and backward passes through a model, in units of the whole data set.
 
@@ -91,11 +100,7 @@ class PassCounter:
         self.forward = self.backward = 0.0
 
     def _share(self, rows: int, kwargs: dict) -> float:
-        L = self.info.n_layers
-        start = kwargs.get("start_at_layer") or 0
-        stop = kwargs.get("stop_at_layer")
-        stop = L if stop is None else stop
-        return rows * max(stop - start, 0) / (self.n * L)
+        return pass_share(rows, kwargs, self.info.n_layers, self.n)
 
     @contextmanager
     def counting(self, model: Any) -> Iterator[PassCounter]:

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from probes.compare import pass_share
 from reports.probe_run.plan import Step, fmt_seconds
 
 EVERY_S = 5.0
@@ -91,10 +92,7 @@ class Progress:
     def _count(self, module: Any, args: tuple, kwargs: dict) -> None:
         x = args[0] if args else kwargs.get("tokens", kwargs.get("input", None))
         rows = int(x.shape[0]) if x is not None and hasattr(x, "shape") else 0
-        start = kwargs.get("start_at_layer") or 0
-        stop = kwargs.get("stop_at_layer")
-        stop = self.n_layers if stop is None else stop
-        layers = rows * max(stop - start, 0) / (self.sequences * self.n_layers)
+        layers = pass_share(rows, kwargs, self.n_layers, self.sequences)
         self.forward += layers  # whole passes' worth of layers (probes.compare.PassCounter's count)
         # in the plan's units (plan.Shape.masked): the layers run, and the tail whole when the call runs to the end
         tail = rows / self.sequences * self.tail if kwargs.get("stop_at_layer") is None else 0.0
