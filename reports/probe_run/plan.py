@@ -204,7 +204,8 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
     left = math.inf if budget_s is None else budget_s - spent_s
     finished = finished or {}
     # the attribution pass, which the cheap rankings share (probes.attribution), is in the plan or its files
-    paid = any(m in finished for m in ("importance_gradient", "importance_attribution"))
+    read_back = any(m in finished for m in ("importance_gradient", "importance_attribution"))
+    paid = read_back
     for method in sorted(methods, key=PRIORITY.index):
         if method in finished:
             chosen[method] = Variant(f"{finished[method]}, kept", 0.0)
@@ -228,7 +229,7 @@ def make_plan(methods: Sequence[str], shape: Shape, seconds_per_pass: float, bud
         left -= fit.seconds(paid, seconds_per_pass)
         paid = paid or fit.shared > 0
     # in run order, the shared pass is charged to the first method that runs it (none, when a finished one ran it)
-    steps, paid = [], any(m in finished for m in ("importance_gradient", "importance_attribution"))
+    steps, paid = [], read_back
     for m in (m for m in METHODS if m in chosen):
         v = chosen[m]
         steps.append(Step(m, v, v.seconds(paid, seconds_per_pass), v.cost(paid)))
