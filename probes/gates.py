@@ -60,7 +60,7 @@ def rows_per_pass(batch_size: Optional[int], pos: int, device: Optional[torch.de
 
     ``device``: where the model runs; None or a CPU takes the CPU budget. ``d_vocab`` also bounds the
     pass by its logits (``LOGIT_ELEMENTS``): at a 49k vocabulary 64 rows x 128 tokens of float32 logits
-    are 1.6 GB, and the 135M probe peaked at 5.7 GB RSS with the token budget alone (issue 19)."""
+    are 1.6 GB, and the 135M probe peaked at 5.7 GB RSS with the token budget alone."""
     if batch_size is not None:
         return batch_size
     tokens = TOKENS_PER_PASS if device is not None and torch.device(device).type != "cpu" else CPU_TOKENS_PER_PASS
@@ -151,7 +151,7 @@ def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask
 
     ``until``: the name of one of ``hooks`` after which nothing the pass computes is needed; the pass
     ends there (a signal raised from that hook, caught here) and returns None. A pass that only reads
-    activations so skips the layers after the last it reads and the unembedding (issue 19, item 3).
+    activations so skips the layers after the last it reads and the unembedding: nobody reads them.
     ``kv_cache``: passed to the forward as ``kv_cache=`` (attnlab's Transformer fills it or continues from it).
     """
     if until is not None and until not in {name for name, _ in hooks}:

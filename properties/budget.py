@@ -1,4 +1,4 @@
-"""How many examples a property's search runs when the caller leaves ``max_examples`` to it (issue 19 item 5).
+"""How many examples a property's search runs when the caller leaves ``max_examples`` to it.
 
 A search's cost is its forward passes, and on CPU a pass over a few short sequences costs what it
 takes to read the model's weights once: on GPT-2 small's shape (124M parameters, float32) one

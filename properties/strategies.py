@@ -140,6 +140,30 @@ def token_batches(d_vocab: int, *, min_batch: int = 1, max_batch: int = 3, min_l
     return build()
 
 
+LONGEST_DRAWN = 512  # tokens hypothesis draws one by one; past this a row comes from a drawn seed (its buffer is 8 KiB)
+
+
+def long_token_batches(d_vocab: int, length: int, *, max_batch: int = 1):
+    """Token ids ``[batch, length]`` for sequences too long to draw token by token.
+
+    Hypothesis draws every value through a buffer of a few kilobytes, so a list of thousands of ids
+    is too large to generate (every attempt fails and the search is unsatisfiable: a sliding window
+    of 4096 needs 4099 tokens). Here each row is ``torch.randint`` from a drawn seed; the rows of a
+    seed are the same on every machine (torch's CPU generator). Shrinks towards one row from seed 0.
+    """
+    check_int("d_vocab", d_vocab, 1)
+    check_int("length", length, 1)
+    check_int("max_batch", max_batch, 1)
+
+    @st.composite
+    def build(draw) -> Tensor:
+        seeds = draw(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=max_batch))
+        rows = [torch.randint(0, d_vocab, (length,), generator=torch.Generator().manual_seed(seed)) for seed in seeds]
+        return torch.stack(rows)
+
+    return build()
+
+
 def permutations(n: int):
     """A permutation of ``range(n)`` as an int64 tensor; shrinks towards the identity."""
     check_int("n", n, 1)

@@ -32,7 +32,7 @@ TOLERANCE = 0.01  # the prune budget of the headline: loss may rise by at most 1
 TOP_K_PATTERNS = 4  # most important heads whose attention patterns are saved
 PROBE_RUN_METHODS = None  # every method of reports.probe_run.plan.METHODS
 # The probe's time budget in minutes: everything exact where it fits (every small model), cheaper variants
-# named in the printed plan where not; 10 min is issue 19's goal for a 135M checkpoint on 2 cores.
+# named in the printed plan where not; 10 min is the goal for a 135M checkpoint on 2 cores.
 PROBE_BUDGET = 10.0
 PROBE_EXACT_TOP = 8  # heads whose exact leave-one-out a "top candidates" variant computes
 

@@ -1,4 +1,4 @@
-"""A model accelerate dispatched over devices, part of it offloaded to disk, behind the adapter (issue 19 item 6).
+"""A model accelerate dispatched over devices, part of it offloaded to disk, behind the adapter.
 
 On CPU: a tiny Llama saved and loaded back with ``from_pretrained(device_map="auto", max_memory=...,
 offload_folder=...)``, a budget that forces most of it to disk (its weights are ``meta`` placeholders

@@ -1,4 +1,4 @@
-"""Census triage (issue 20): attention sinks and rotary layouts follow the model's declared design.
+"""Census triage: attention sinks and rotary layouts follow the model's declared design.
 
 Attention sinks (GPT-OSS and kin): the adapter's explicit pattern keeps the per-head sink logit in
 the softmax's denominator, as transformers' gpt_oss eager_attention_forward does, and

@@ -1,4 +1,4 @@
-"""Census triage (issue 20): windows, position types and offsets read as the model declares them.
+"""Census triage: windows, position types and offsets read as the model declares them.
 
 Each test builds the census's own tiny model of one type (reports.census.shrink.build) and asserts
 the adapter's declared design, then that the check it feeds passes on it and fails once the

@@ -1,4 +1,4 @@
-"""The pass budget of a search left to the suite (max_examples=None; properties/budget.py, issue 19 item 5).
+"""The pass budget of a search left to the suite (max_examples=None; properties/budget.py).
 
 A big model is simulated by a tiny one whose passes are priced as GPT-2 small's (its parameter
 count patched): the budget is counted from sizes and pass counts, never from a clock, so what it

@@ -1,4 +1,4 @@
-"""What each property row costs (issue 19 item 5): passes of the model and of its float64 copies, and seconds.
+"""What each property row costs: passes of the model and of its float64 copies, and seconds.
 
 The counts are exact (they are calls, not timings), so they are asserted; seconds only as positive.
 """

@@ -1,4 +1,4 @@
-"""MoE routers and batch independence (issue 20 item 4): a batch-wide expert capacity is a declared design.
+"""MoE routers and batch independence: a batch-wide expert capacity is a declared design.
 
 NLLB-MoE's router counts each expert's capacity over the flattened batch (Fedus et al. 2021, Switch Transformers
 §2.2; fairseq's top-2 gating): past it a token is dropped, so one row's tokens change another row's output. The

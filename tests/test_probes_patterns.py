@@ -1,5 +1,5 @@
 """``probes.attention_patterns`` and the pass runner's ``until``: the patterns ``run_with_cache`` sees, from a pass that
-ends at the last one asked for (issue 19 item 3: skip what nobody reads)."""
+ends at the last one asked for (skip what nobody reads)."""
 
 from __future__ import annotations
 

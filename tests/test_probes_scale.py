@@ -1,4 +1,4 @@
-"""The pass runner at scale (issue 19): memory-bounded passes, reused prefixes, early-stopping curves,
+"""The pass runner at scale: memory-bounded passes, reused prefixes, early-stopping curves,
 exact answers for a subset of heads, and attribution patching, each against the plain computation.
 
 Tolerances: losses are ~ln(d_vocab) ~ 3-4 in float32; two routes that differ only in summation order

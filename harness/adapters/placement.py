@@ -1,6 +1,6 @@
 """``placed(model, dtype=, device=, attn_implementation=)``: a model at the precision and place the user runs it.
 
-The user checks what they run (issue 18): the property suite, the probes and the CLI take a dtype, a
+The user checks what they run: the property suite, the probes and the CLI take a dtype, a
 device and (for Hugging Face models) an attention kernel, and run the model there. Whenever anything
 changes, the result is a COPY: ``Module.to(dtype)`` casts in place, and float32 -> bfloat16 -> float32
 leaves bfloat16-rounded weights behind, so the caller's model is never cast.

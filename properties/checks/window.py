@@ -32,7 +32,7 @@ from properties.checks._common import MAX_LEN, fmt, where_max
 from properties.design import windows
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
-from properties.strategies import token_batches
+from properties.strategies import LONGEST_DRAWN, long_token_batches, token_batches
 
 MAX_WINDOW_LEN = 24  # windows up to this long get searched lengths and batches; longer ones one row past the edge
 
@@ -68,8 +68,10 @@ def sliding_window(case: Case) -> Plan:
     longest = min(cfg.n_ctx, max(MAX_LEN, min(w for _, w in layers) + 3))
     if longest <= MAX_WINDOW_LEN:
         strategy = token_batches(cfg.d_vocab, max_batch=2, min_len=min(2, longest), max_len=longest)
-    else:
+    elif longest <= LONGEST_DRAWN:
         strategy = token_batches(cfg.d_vocab, max_batch=1, min_len=longest, max_len=longest)
+    else:  # thousands of tokens (Gemma-2's window of 4096): rows from drawn seeds
+        strategy = long_token_batches(cfg.d_vocab, longest)
     scores = {layer: f"blocks.{layer}.attn.hook_attn_scores" for layer, _ in layers}
     scores = {layer: name for layer, name in scores.items() if name in case.observed}
 

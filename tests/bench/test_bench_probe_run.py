@@ -1,4 +1,4 @@
-"""`attnlab probe` with its default methods on the real SmolLM2-135M checkpoint (issue 19's goal: <= 10 min and a
+"""`attnlab probe` with its default methods on the real SmolLM2-135M checkpoint (the goal: <= 10 min and a
 peak RSS <= 2 GB on 2 cores), against the plan it printed.
 
 Full mode only (``ATTNLAB_BENCH=full``): the checkpoint comes from a registry package (tests/helpers/checkpoints.py)

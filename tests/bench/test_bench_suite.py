@@ -45,9 +45,9 @@ def test_benchmark_table(benchmark):
     assert memory["ratio"] == 1.0, memory["note"]
 
 
-# --- check_model at a real model's shape (issue 19 item 5) ---------------------------------------------------------
+# --- check_model at a real model's shape ---------------------------------------------------------------------------
 # full mode: GPT-2 small's shape (12 layers x 12 heads, d 768, vocab 50257, n_ctx 1024; random weights, float32), the
-# issue's goal <= 30 s on 2 cores, and the real SmolLM2-135M checkpoint (goal <= 45 s); short mode (CI): 2 layers,
+# goal <= 30 s on 2 cores, and the real SmolLM2-135M checkpoint (goal <= 45 s); short mode (CI): 2 layers,
 # d 128, vocab 1000. check_model runs with max_examples left to it, so a big model's rows run within their pass
 # budget (properties/budget.py; each row's reason says how many examples ran) and a small one its full search. Side
 # by side with one no-grad forward pass of the same model on 8 x 128 tokens, so the figure "check_model costs N
