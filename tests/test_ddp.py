@@ -16,7 +16,7 @@ MODEL = ModelConfig(n_layers=2, d_model=32, n_heads=2, d_vocab=32, n_ctx=32)
 CFG = TrainConfig(seq_len=32, batch_size=8, steps=6, warmup=2, eval_every=3, log_every=1, eval_batches=2,
                   checkpoint_every=3, label_smoothing=0.1, grad_clip=0.5, device="cpu")
 # Two ranks add their halves of each sum in a different order than one process does:
-# float32 rounding, ~1e-7 relative; 1e-5 is the bound.
+# float32 rounding, ~1e-7 relative; 1e-5 leaves ~100x that.
 TOL = 1e-5
 
 

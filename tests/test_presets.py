@@ -20,7 +20,7 @@ def test_registry_names_the_required_presets_and_each_builds_a_consistent_task()
         assert task.seq_len <= model.n_ctx, name
 
 
-def test_preset_shapes_are_what_the_issue_asks():
+def test_preset_shapes_are_the_documented_ones():
     wide, _ = preset("induction-wide")
     assert (wide.n_layers, wide.n_heads) == (4, 8)
     text, text_train = preset("text")

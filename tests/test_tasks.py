@@ -14,7 +14,7 @@ def gen(seed=0):
     return torch.Generator().manual_seed(seed)
 
 
-def test_registry_lists_every_task_of_the_issue():
+def test_registry_lists_every_task():
     assert sorted(TASKS) == sorted(["induction", "copy", "reverse", "sort", "modular_addition", "markov", "text"])
 
 

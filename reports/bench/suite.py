@@ -1,6 +1,6 @@
 """The benchmark suite: one table, each row a ratio of two contenders timed side by side in one run.
 
-Rows (the Performance issue):
+Rows, each with its goal:
 1. training step of our ``Transformer`` vs a plain minimal GPT, at three sizes (goal >= 1.0x);
 2. forward with every hook point idle vs hook points bypassed (overhead <= 3%);
 3. ``run_with_cache`` with every hook (<= 1.5x) and with one hook (<= 1.05x) vs a plain forward,
@@ -70,13 +70,13 @@ def plan_for(mode: str, device: torch.device) -> Plan:
                     hooks=tiny, hook_rounds=1, probes=Shape(2, 32, 2, 16, 4, 64), probe_rounds=1,
                     bridge=tiny, bridge_rounds=1)
     full = mode == "full"
-    # The sizes the issue names, up to L6 d512 T256; L4 d256 T128 is the Foundation issue's shape.
+    # Three sizes, up to L6 d512 T256; L4 d256 T128 is the training benchmark's reference shape.
     # Short mode keeps the shapes and shrinks the batch of the two smaller ones, so a row means the
     # same in both modes. The MFU shape keeps 8 x 256 tokens: with fewer, AdamW's per-parameter
     # work (memory-bound, no FLOPs counted) takes a quarter of the step and MFU measures the batch.
     sizes = [(2, 128, 4, 64), (4, 256, 8, 128), (6, 512, 8, 256)]
     batches = (16, 16, 8) if full else (8, 8, 8)
-    # Probes: 4 layers, as the issue's bound (L+1)/2L of the work is stated for; a small vocabulary,
+    # Probes: 4 layers, the depth the prefix-reuse bound (L+1)/2L of the work is stated for; a small vocabulary,
     # as the synthetic tasks have, so the unembedding does not dominate every pass.
     probes = Shape(4, 128, 8, 64, 32 if full else 8, 128)
     hooks = Shape(4, 256, 8, 128, 16 if full else 8)

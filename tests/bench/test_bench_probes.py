@@ -1,7 +1,7 @@
 """Probe speed, side by side in one run: batched head masks with prefix reuse, and one forward plus
 one backward for gradient importance, against the naive loop of one full forward pass per head.
 
-Full mode (``ATTNLAB_BENCH=full``): the Probes issue's 4-layer x 8-head Transformer (d_model 128)
+Full mode (``ATTNLAB_BENCH=full``): a 4-layer x 8-head Transformer (d_model 128)
 on 64 sequences of 128 tokens. Short mode keeps 4 layers x 8 heads on 16 sequences of 64 tokens.
 Prefix reuse alone bounds the ablation speed-up at 2n/(n+1) = 1.6x for n = 4 layers (layer l's
 heads rerun n - l layers instead of n); running several masks per pass adds what larger batches
@@ -50,7 +50,7 @@ def test_bench_head_importance_vs_naive_loop(benchmark, setup):
     naive = naive_loop(model, tokens)
     probes.head_importance(model, tokens, method="gradient")
     # same quantity by two routes in float32: batching changes summation order and kernel blocking
-    # only; the issue's bar for "identical numbers" is 1e-5
+    # only; the bar for "identical numbers" is 1e-5 (tests/test_probes.py ATOL)
     got = torch.tensor(batched.sort_values(["layer", "head"]).loss_delta.to_numpy()).view_as(naive)
     torch.testing.assert_close(got, naive, atol=1e-5, rtol=0)
 
@@ -91,8 +91,8 @@ def test_bench_prune_curve(benchmark, setup):
            load_after=load())
 
 
-# (n_layers, d_model, n_heads, sequences, tokens): the short shape, longer sequences, the issue's
-# 64 x 128 shape (full mode only: its naive loop alone takes minutes on a shared CPU), 12 layers.
+# (n_layers, d_model, n_heads, sequences, tokens): the short shape, longer sequences, the
+# full 64 x 128 shape (full mode only: its naive loop alone takes minutes on a shared CPU), 12 layers.
 SHAPES = [(4, 128, 8, 16, 64), (4, 128, 8, 16, 128), *([(4, 128, 8, 64, 128)] if FULL else []),
           (12, 128, 8, 16 if FULL else 4, 128)]
 

@@ -1,10 +1,11 @@
 """Sharded probes, 2 processes (gloo, one torch thread each) against 1 process (one thread), side by side.
 
-Leave-one-out ``head_importance`` and an ablation ``prune_curve`` on the Probes issue's 4-layer x
+Leave-one-out ``head_importance`` and an ablation ``prune_curve`` on the probe benchmark's 4-layer x
 8-head model (d_model 128); short mode 16 sequences x 64 tokens, full mode 64 x 128. Rounds
 alternate: the two workers run a round together, then the parent runs it alone. On 2 shared
-cores a speed-up is not expected (the issue says so); the ratio is recorded and printed, and
-what is asserted does not depend on timing: both ranks return the one-process numbers exactly.
+cores a speed-up is not expected (the two workers compete for them with each other and with other
+jobs); the ratio is recorded and printed, and what is asserted does not depend on timing: both
+ranks return the one-process numbers exactly.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Training step (forward, backward, AdamW) of our unhooked Transformer vs a plain minimal GPT,
-at the Foundation issue's shape (L4 d256 T128 B16 V512)."""
+at the reference shape (L4 d256 T128 B16 V512)."""
 
 import pytest
 import torch
