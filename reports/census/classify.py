@@ -151,12 +151,13 @@ def _classify(mt: ModelType, r: Result) -> None:
           {p: f.summary for p, f in findings.for_type(mt.name).items()})
 
 
-def prepare(mt: ModelType, r: Result) -> Optional[tuple[nn.Module, bool, Optional[str]]]:
-    """Build ``mt`` tiny, run it on a plain input and find its attention layers: ``(model, seq2seq, hybrid)``,
+def prepare(mt: ModelType, r: Result, config: Any = None) -> Optional[tuple[nn.Module, bool, Optional[str]]]:
+    """Build ``mt`` tiny (from ``config`` when given), run it on a plain input and find its attention layers:
+    ``(model, seq2seq, hybrid)``,
     where ``hybrid`` names the other mixers (None when every layer attends); None when a stage already gave
     ``r`` its category (unsupported, transformers fails, no attention). The bridge census shares these stages."""
     try:
-        model = build(mt.name, mt.class_name)
+        model = build(mt.name, mt.class_name, config)
     except Exception as exc:  # the shrunk config or the model cannot be built: its row says so, the census goes on
         r.category, r.reason = "unsupported", f"the census cannot build a tiny {mt.class_name}: {exc_line(exc)}"
         return None
@@ -179,9 +180,10 @@ def prepare(mt: ModelType, r: Result) -> Optional[tuple[nn.Module, bool, Optiona
 
 
 def check(adapter: Any, r: Result, label: str, text_config: Optional[str], hybrid: Optional[str],
-          documented: Mapping[str, str]) -> None:
+          documented: Mapping[str, str], dtype: Optional[str] = None) -> None:
     """Run the property suite on ``adapter`` (a protocol model, named ``label`` in a reason) and give ``r`` its
-    category; ``documented`` maps a property to the summary of its witnessed finding on this model type."""
+    category; ``documented`` maps a property to the summary of its witnessed finding on this model type.
+    ``dtype``: check_model's (None: the model's own, float32)."""
     try:
         r.hooks = _hook_kinds(observed_hooks(adapter))
     except Exception as exc:
@@ -189,7 +191,7 @@ def check(adapter: Any, r: Result, label: str, text_config: Optional[str], hybri
         return
     r.stage = "check"
     try:
-        frame = props.check_model(adapter, seed=0, max_examples=MAX_EXAMPLES)
+        frame = props.check_model(adapter, seed=0, max_examples=MAX_EXAMPLES, dtype=dtype)
     except Exception as exc:
         r.category, r.reason = "unsupported", f"check_model raised {exc_line(exc)}"
         return

@@ -7,7 +7,9 @@ A failed row not listed here is ``untriaged`` in the census: a false alarm or a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -16,6 +18,10 @@ class Finding:
     prop: str
     summary: str
     witness: str  # tests/helpers/census_witness.py::<witness>, called with the model type
+    # A finding of some configurations only (the variants census, reports/census/variants_run.py): the config
+    # predicate it holds under, and that predicate in words. None: every config of the type.
+    when: Optional[Callable[[Any], bool]] = None
+    when_doc: str = ""
 
 
 _FALCON = ("Falcon (no ALiBi) under sdpa with output_attentions=True takes its eager branch and adds sdpa's boolean "
@@ -60,6 +66,9 @@ FINDINGS: tuple[Finding, ...] = (
 )
 
 
+# The variants census's findings (reports/census/variants_run.py): a failed row of some drawn configurations only,
+# each with the config predicate it holds under and a witness on the raw HF model built from that config.
+VARIANT_FINDINGS: tuple[Finding, ...] = ()
 
 # The bridge census's findings (reports/census/bridge.py): rows the raw model passes and the bridge fails. Each
 # witness (tests/helpers/census_witness.py) shows the bug on the census's tiny model against the raw HF model or
@@ -110,6 +119,15 @@ BRIDGE_DIAGNOSES: tuple[Diagnosis, ...] = ()
 
 def for_type(model_type: str) -> dict[str, Finding]:
     return {f.prop: f for f in FINDINGS if f.model_type == model_type}
+
+
+def for_config(model_type: str, config: Any) -> dict[str, Finding]:
+    """The findings of ``model_type`` that hold for ``config``: the type's own and the variants' whose predicate
+    holds on it."""
+    out = {f.prop: f for f in FINDINGS if f.model_type == model_type and f.when is None}
+    out.update({f.prop: f for f in VARIANT_FINDINGS if f.model_type == model_type and f.when is not None
+                and f.when(config)})
+    return out
 
 
 def bridge_for_type(model_type: str) -> dict[str, Finding]:

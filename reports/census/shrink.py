@@ -180,11 +180,12 @@ def changes(d: dict[str, Any], model_type: str) -> dict[str, Any]:
     return out
 
 
-def build(model_type: str, class_name: str) -> torch.nn.Module:
-    """The tiny random ``class_name`` model of ``model_type``, seeded, float32, in eval mode."""
+def build(model_type: str, class_name: str, config: Any = None) -> torch.nn.Module:
+    """The tiny random ``class_name`` model of ``model_type`` (of ``config`` when given: a drawn variant of the
+    tiny config, reports/census/variants.py), seeded, float32, in eval mode."""
 
     cls = getattr(transformers, class_name)
-    config = tiny_config(model_type, class_name)
+    config = tiny_config(model_type, class_name) if config is None else config
     torch.manual_seed(SEED)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
