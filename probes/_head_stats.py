@@ -26,6 +26,13 @@ from probes.gates import (
 )
 
 
+def ablation_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str, *,
+                   batch_size: Optional[int] = None) -> Optional[Tensor]:
+    """The :func:`head_means` that ``method`` replaces a removed head's output with: ``mean_ablation``'s;
+    every other method zeroes the head (None, and no pass)."""
+    return head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+
+
 def head_means(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, batch_size: Optional[int] = None
                ) -> Float[Tensor, "n_layers pos n_heads d_head"]:
     """Per-position mean of every head's ``hook_z`` over the data's real tokens.

@@ -30,7 +30,7 @@ from harness._checks import (
 from harness.adapters.bridge import BridgeAdapter, is_bridge
 from harness.adapters.entry import describe
 from harness.adapters.placement import placed, placement_of
-from harness.adapters.protocol import AnyModel, check_protocol, is_encoder_decoder
+from harness.adapters.protocol import AnyModel, ProtocolModel, check_protocol, is_encoder_decoder
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.inputs import check_mask, check_source, check_tokens
 from harness.model.protocol_facts import SOURCE_INPUTS, cross_attn_hook, encoder_hook
@@ -275,6 +275,19 @@ def probe_data(info: ModelInfo, tokens: Any, *, loss_mask: Any = None, attention
                            "(and real tokens at t-1 and t)")
     src, src_mask = _source(info, source_tokens, source_mask, shape[0])
     return ProbeData(tokens=tokens, attention_mask=am, weights=target.float(), source_tokens=src, source_mask=src_mask)
+
+
+def probe_inputs(model: AnyModel, tokens: Any, *, all_heads: bool = False, need_pattern: bool = False,
+                 need_loss: bool = True, loss_mask: Any = None, attention_mask: Any = None, source_tokens: Any = None,
+                 source_mask: Any = None) -> tuple[ProtocolModel, ModelInfo, ProbeData]:
+    """What a probe starts from, all checked: the model, what it knows of it (:func:`model_info`) and its data
+    (:func:`probe_data`, with these keywords).
+
+    The model comes back typed as a :class:`ProtocolModel`, which :func:`model_info` has just checked it is."""
+    info = model_info(model, need_pattern=need_pattern, all_heads=all_heads)
+    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, need_loss=need_loss,
+                      source_tokens=source_tokens, source_mask=source_mask)
+    return cast(ProtocolModel, model), info, data
 
 
 def _source(info: ModelInfo, source_tokens: Any, source_mask: Any, n: int) -> tuple[Optional[Tensor], Optional[Tensor]]:

@@ -26,7 +26,7 @@ from torch import Tensor
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from probes import gates
 from probes._nll import token_nll
-from probes._validate import ModelInfo, ProbeData, check_batch_size, model_info, probe_data, takes_any_model
+from probes._validate import ModelInfo, ProbeData, check_batch_size, probe_inputs, takes_any_model
 
 
 @dataclass
@@ -103,7 +103,6 @@ def attribution_scores(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[T
     An encoder-decoder's rows are its three kinds of heads (``probes._validate.KINDS``: encoder, decoder,
     cross), given ``source_tokens``/``source_mask`` as :func:`probes.head_importance` takes them."""
     batch_size = check_batch_size(batch_size)
-    info = model_info(model, all_heads=True)
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
-                      source_mask=source_mask)
-    return attribution(cast(ProtocolModel, model), info, data, batch_size=batch_size)
+    model, info, data = probe_inputs(model, tokens, all_heads=True, loss_mask=loss_mask, attention_mask=attention_mask,
+                                     source_tokens=source_tokens, source_mask=source_mask)
+    return attribution(model, info, data, batch_size=batch_size)

@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 import pandas as pd
 import torch
@@ -32,7 +32,7 @@ from harness._checks import check_number, check_seed
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError
 from probes import _head_stats, gates, l0_gates
-from probes._validate import ModelInfo, ProbeData, check_batch_size, model_info, probe_data, takes_any_model
+from probes._validate import ModelInfo, ProbeData, check_batch_size, probe_inputs, takes_any_model
 from probes.importance import importance_scores, leave_one_out
 from probes.pruning import _cumulative_masks, _prunable, _random_order
 
@@ -148,7 +148,7 @@ def _scores(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str,
         scores = torch.empty(len(perm), dtype=torch.float64)
         scores[perm] = torch.arange(len(perm), dtype=torch.float64)
         return scores.view(info.n_layers, info.n_heads)
-    means = _head_stats.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    means = _head_stats.ablation_means(model, info, data, method, batch_size=batch_size)
     scores, _ = importance_scores(model, info, data, method, means=means, batch_size=batch_size, l0=l0)
     return scores.cpu()
 
@@ -179,9 +179,7 @@ def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[T
     l0 = l0_gates.check_options(l0_options)
     l0 = l0 if l0_options is not None else l0_gates.L0Options(seed=seed)
     batch_size = check_batch_size(batch_size)
-    info = model_info(model)
-    model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    model, info, data = probe_inputs(model, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
 

@@ -10,16 +10,16 @@ Zhai et al. 2023).
 
 from __future__ import annotations
 
-from typing import Optional, cast
+from typing import Optional
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.adapters.protocol import AnyModel
 from harness.errors import AttnlabError
 from probes import _patterns
-from probes._validate import check_batch_size, check_threshold, model_info, probe_data, takes_any_model
+from probes._validate import check_batch_size, check_threshold, probe_inputs, takes_any_model
 
 
 @takes_any_model
@@ -28,9 +28,7 @@ def attention_entropy(model: AnyModel, tokens: Tensor, *, threshold: float = 0.9
     """``DataFrame[layer, head, entropy, max_prob, saturated_fraction]``."""
     threshold = check_threshold("threshold", threshold)
     batch_size = check_batch_size(batch_size)
-    info = model_info(model, need_pattern=True)
-    model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, attention_mask=attention_mask, need_loss=False)
+    model, info, data = probe_inputs(model, tokens, need_pattern=True, attention_mask=attention_mask, need_loss=False)
     L, H = info.n_layers, info.n_heads
     sums = torch.zeros(3, L, H, dtype=torch.float64, device=info.device)
     n_queries = 0.0

@@ -25,7 +25,7 @@ itself (it may be negative: removing the head helps).
 
 from __future__ import annotations
 
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 import pandas as pd
 import torch
@@ -41,8 +41,7 @@ from probes._validate import (
     check_batch_size,
     check_bool,
     check_choice,
-    model_info,
-    probe_data,
+    probe_inputs,
     takes_any_model,
 )
 from probes.attribution import attribution
@@ -131,12 +130,10 @@ def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tens
     check_bool("normalize", normalize)
     batch_size = check_batch_size(batch_size)
     l0 = l0_gates.check_options(l0_options)
-    info = model_info(model, all_heads=True)
-    model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
-                      source_mask=source_mask)
+    model, info, data = probe_inputs(model, tokens, all_heads=True, loss_mask=loss_mask, attention_mask=attention_mask,
+                                     source_tokens=source_tokens, source_mask=source_mask)
     subset = _check_heads(heads, info, method)
-    means = _head_stats.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    means = _head_stats.ablation_means(model, info, data, method, batch_size=batch_size)
     baseline, extra = None, dict[str, Any]()
     if method == "gradient":
         importance, delta = _head_stats.gate_gradients(model, info, data, batch_size=batch_size)

@@ -9,16 +9,16 @@ the unembedding alone is a third of a forward pass), and only the patterns are k
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.adapters.protocol import AnyModel
 from harness.errors import AttnlabError, AttnlabTypeError
 from probes import _patterns
-from probes._validate import check_batch_size, model_info, probe_data, takes_any_model
+from probes._validate import check_batch_size, probe_inputs, takes_any_model
 
 
 def _layers(layers: Any, n_layers: int) -> list[int]:
@@ -47,10 +47,8 @@ def attention_patterns(model: AnyModel, tokens: Tensor, *, layers: Optional[Sequ
 
     ``batch_size``: sequences per forward pass (default: all of them in one pass)."""
     batch_size = check_batch_size(batch_size)
-    info = model_info(model, need_pattern=True)
-    model = cast(ProtocolModel, model)  # model_info checked it
+    model, info, data = probe_inputs(model, tokens, need_pattern=True, attention_mask=attention_mask, need_loss=False)
     wanted = _layers(layers, info.n_layers)
-    data = probe_data(info, tokens, attention_mask=attention_mask, need_loss=False)
     chunks = [per_layer for _, per_layer in
               _patterns.stream(model, info, data, batch_size=data.n if batch_size is None else batch_size,
                                layers=wanted)]

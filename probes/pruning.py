@@ -10,7 +10,7 @@ curve rides in one batched call of :func:`probes.gates.masked_stats`.
 
 from __future__ import annotations
 
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 import pandas as pd
 import torch
@@ -30,8 +30,7 @@ from probes._validate import (
     check_orders,
     check_seeds,
     check_tolerance,
-    model_info,
-    probe_data,
+    probe_inputs,
     takes_any_model,
 )
 from probes.importance import importance_scores
@@ -110,14 +109,12 @@ def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] 
     check_bool("reestimate", reestimate)
     check_choice("method", method, METHODS)
     batch_size = check_batch_size(batch_size)
-    info = model_info(model, all_heads=True)
-    model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
-                      source_mask=source_mask)
+    model, info, data = probe_inputs(model, tokens, all_heads=True, loss_mask=loss_mask, attention_mask=attention_mask,
+                                     source_tokens=source_tokens, source_mask=source_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
     counts = sorted({round(f * N) for f in fracs})
-    means = _head_stats.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    means = _head_stats.ablation_means(model, info, data, method, batch_size=batch_size)
 
     runs: list[tuple[str, Any, Tensor]] = []
     if "importance" in orders:
@@ -184,14 +181,12 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
     check_bool("reestimate", reestimate)
     check_bool("per_layer", per_layer)
     batch_size = check_batch_size(batch_size)
-    info = model_info(model, all_heads=True)
-    model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, loss_mask=loss_mask, attention_mask=attention_mask, source_tokens=source_tokens,
-                      source_mask=source_mask)
+    model, info, data = probe_inputs(model, tokens, all_heads=True, loss_mask=loss_mask, attention_mask=attention_mask,
+                                     source_tokens=source_tokens, source_mask=source_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
     counts = list(range(N + 1))
-    means = _head_stats.head_means(model, info, data, batch_size=batch_size) if method == "mean_ablation" else None
+    means = _head_stats.ablation_means(model, info, data, method, batch_size=batch_size)
     ranking = _ranking(model, info, data, method, means, counts, reestimate, batch_size, _known(scores, info))
 
     # Each curve is read up to the first mask that breaks the model, so each runs only that far

@@ -17,15 +17,15 @@ On a sequence made of a random prefix repeated once, a perfect induction head sc
 
 from __future__ import annotations
 
-from typing import Optional, cast
+from typing import Optional
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.adapters.protocol import AnyModel
 from probes import _patterns
-from probes._validate import check_batch_size, model_info, probe_data, takes_any_model
+from probes._validate import check_batch_size, probe_inputs, takes_any_model
 
 ROLES = ("previous_token", "induction", "duplicate_token", "first_token")
 
@@ -56,9 +56,7 @@ def head_roles(model: AnyModel, tokens: Tensor, *, batch_size: Optional[int] = N
     token) is NaN.
     """
     batch_size = check_batch_size(batch_size)
-    info = model_info(model, need_pattern=True)
-    model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, attention_mask=attention_mask, need_loss=False)
+    model, info, data = probe_inputs(model, tokens, need_pattern=True, attention_mask=attention_mask, need_loss=False)
     L, H = info.n_layers, info.n_heads
     mass = {role: torch.zeros(L, H, dtype=torch.float64, device=info.device) for role in ROLES}
     n_queries = dict.fromkeys(ROLES, 0.0)

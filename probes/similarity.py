@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, cast
+from typing import Optional
 
 import pandas as pd
 import torch
@@ -28,8 +28,7 @@ from probes._validate import (
     ProbeData,
     check_batch_size,
     check_choice,
-    model_info,
-    probe_data,
+    probe_inputs,
     takes_any_model,
 )
 
@@ -99,9 +98,8 @@ def head_similarity(model: AnyModel, tokens: Tensor, *, metric: str = "pattern",
     """Square similarity matrix between every pair of heads, rows and columns labelled ``L{l}H{h}``."""
     check_choice("metric", metric, METRICS)
     batch_size = check_batch_size(batch_size)
-    info = model_info(model, need_pattern=metric == "pattern")
-    model = cast(ProtocolModel, model)  # model_info checked it
-    data = probe_data(info, tokens, attention_mask=attention_mask, need_loss=False)
+    model, info, data = probe_inputs(model, tokens, need_pattern=metric == "pattern", attention_mask=attention_mask,
+                                     need_loss=False)
     if metric == "pattern":
         sim = _pattern_similarity(model, info, data, batch_size)
     else:
