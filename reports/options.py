@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import click
 
@@ -24,21 +24,33 @@ from reports.defaults import ATTN_IMPLEMENTATION, DEVICE, DTYPE, PRESET
 BENCH_MODES = {False: "short", True: "full"}
 
 
-class CommaInts(click.ParamType):
-    """``8,16,32`` -> ``(8, 16, 32)``."""
+class _CommaNumbers(click.ParamType):
+    """A comma-separated list of one kind of number, as a tuple (the stage checks the range): ``kind``
+    parses one item, ``noun`` and ``example`` word the error."""
 
-    name = "INTS"
+    kind: ClassVar[type]
+    noun: ClassVar[str]
+    example: ClassVar[str]
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[int, ...]:
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[Any, ...]:
         if isinstance(value, tuple):
             return value
         try:
-            out = tuple(int(v) for v in str(value).split(",") if v.strip())
+            out = tuple(self.kind(v) for v in str(value).split(",") if v.strip())
         except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+            self.fail(f"{value!r} is not a comma-separated list of {self.noun}", param, ctx)
         if not out:
-            self.fail(f"{value!r} is empty: expected integers such as 0,1,2", param, ctx)
+            self.fail(f"{value!r} is empty: expected {self.noun} such as {self.example}", param, ctx)
         return out
+
+
+class CommaInts(_CommaNumbers):
+    """``8,16,32`` -> ``(8, 16, 32)``."""
+
+    name = "INTS"
+    kind = int
+    noun = "integers"
+    example = "0,1,2"
 
 
 class _ExplicitNone:
@@ -114,21 +126,13 @@ class JsonGrid(click.ParamType):
             self.fail(f"{value!r} is not JSON: expected a grid such as [[1,0],[1,1]]", param, ctx)
 
 
-class CommaFloats(click.ParamType):
-    """``0.25,0.5`` -> ``(0.25, 0.5)`` (the stage checks the range)."""
+class CommaFloats(_CommaNumbers):
+    """``0.25,0.5`` -> ``(0.25, 0.5)``."""
 
     name = "FLOATS"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[float, ...]:
-        if isinstance(value, tuple):
-            return value
-        try:
-            out = tuple(float(v) for v in str(value).split(",") if v.strip())
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
-        if not out:
-            self.fail(f"{value!r} is empty: expected numbers such as 0.25,0.5", param, ctx)
-        return out
+    kind = float
+    noun = "numbers"
+    example = "0.25,0.5"
 
 
 class OutDir(click.Path):
