@@ -70,13 +70,22 @@ def check_positive_int(name: str, value: Any, *, none_ok: bool = False, expected
     return check_int(name, value, 1, none_ok=none_ok, expected=expected)
 
 
-def check_ints(name: str, values: Any, minimum: int, *, expected: Optional[str] = None) -> tuple[int, ...]:
-    """A non-empty sequence (any iterable but a string) of integers >= ``minimum``, as a tuple."""
-    expected = expected or f"a non-empty sequence of integers >= {minimum}"
+def check_sequence(name: str, values: Any, expected: str) -> tuple:
+    """A non-empty sequence (any iterable but a string: a string is a sequence of characters, never of
+    values here), as a tuple; its items are the caller's to check."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise invalid(name, values, expected)
     values = tuple(values)
-    if not values or not all(is_int(v) and v >= minimum for v in values):
+    if not values:
+        raise invalid(name, values, expected)
+    return values
+
+
+def check_ints(name: str, values: Any, minimum: int, *, expected: Optional[str] = None) -> tuple[int, ...]:
+    """A non-empty sequence (any iterable but a string) of integers >= ``minimum``, as a tuple."""
+    expected = expected or f"a non-empty sequence of integers >= {minimum}"
+    values = check_sequence(name, values, expected)
+    if not all(is_int(v) and v >= minimum for v in values):
         raise invalid(name, values, expected)
     return values
 

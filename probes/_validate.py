@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Optional, ParamSpec, TypeVar, cast
@@ -25,6 +25,7 @@ from harness._checks import (
     check_ints,
     check_number,
     check_positive_int,
+    check_sequence,
     is_number,
 )
 from harness.adapters.bridge import BridgeAdapter, is_bridge
@@ -330,11 +331,7 @@ def check_seeds(seeds: Any) -> tuple[int, ...]:
 def check_fractions(fractions: Any) -> tuple[float, ...]:
     if fractions is None:
         return tuple(i / 10 for i in range(11))
-    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
-        raise AttnlabError(f"fractions={fractions!r} is invalid: expected a non-empty sequence of numbers in [0, 1]")
-    values = tuple(fractions)
-    if not values:
-        raise AttnlabError("fractions=() is invalid: expected a non-empty sequence of numbers in [0, 1]")
+    values = check_sequence("fractions", fractions, "a non-empty sequence of numbers in [0, 1]")
     for f in values:
         if not is_number(f) or math.isnan(f) or not 0 <= f <= 1:
             raise AttnlabError(f"fraction {f!r} in fractions is invalid: expected a number in [0, 1]")

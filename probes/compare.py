@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
 
@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from harness._checks import check_number, check_seed
+from harness._checks import check_number, check_seed, check_sequence
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError
 from probes import _head_stats, gates, l0_gates
@@ -130,11 +130,7 @@ def _check_methods(methods: Any) -> tuple[str, ...]:
 
 
 def _check_budgets(budgets: Any) -> tuple[float, ...]:
-    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Iterable):
-        raise AttnlabError(f"budgets={budgets!r} is invalid: expected a non-empty sequence of relative loss rises > 0")
-    values = tuple(budgets)
-    if not values:
-        raise AttnlabError("budgets=() is invalid: expected a non-empty sequence of relative loss rises > 0")
+    values = check_sequence("budgets", budgets, "a non-empty sequence of relative loss rises > 0")
     for b in values:
         check_number("budget", b, 0.0, expected="a finite relative loss rise > 0 (0.01 = 1%)")
     return tuple(dict.fromkeys(float(b) for b in values))

@@ -15,6 +15,7 @@ from harness._checks import (
     check_number,
     check_positive_int,
     check_seed,
+    check_sequence,
     is_finite,
 )
 
@@ -70,3 +71,11 @@ def test_bool_choice_seed_and_int_sequences():
     for bad in ("01", (), (0, -1), (0, True), 3):
         with pytest.raises(ValueError, match=r"expected a non-empty sequence of integers >= 0$"):
             check_ints("seeds", bad, 0)
+
+
+def test_a_sequence_is_any_non_empty_iterable_but_a_string():
+    assert check_sequence("budgets", (x / 10 for x in (1, 2)), "numbers") == (0.1, 0.2)
+    assert check_sequence("budgets", [0.5], "numbers") == (0.5,)
+    for bad, shown in (("0.1", "'0.1'"), (b"1", "b'1'"), ([], r"\(\)"), (iter(()), r"\(\)"), (0.1, "0.1")):
+        with pytest.raises(ValueError, match=rf"^budgets={shown} is invalid: expected numbers$"):
+            check_sequence("budgets", bad, "numbers")
