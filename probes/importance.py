@@ -126,7 +126,7 @@ def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tens
     last task loss and expected number of open gates. ``heads`` (flat indices ``layer * n_heads + head``)
     limits the ablations to those heads, every other row NaN: the exact answer for a few candidates.
     """
-    check_choice("method", method, METHODS)
+    check_method(method)
     check_bool("normalize", normalize)
     batch_size = check_batch_size(batch_size)
     l0 = l0_gates.check_options(l0_options)
@@ -159,6 +159,12 @@ def with_kinds(frame: pd.DataFrame, info: ModelInfo) -> pd.DataFrame:
         frame["layer"] = [info.layers[r] for r in rows]
         frame.insert(0, "kind", [info.kinds[r] for r in rows])
     return frame
+
+
+def check_method(method: Any) -> str:
+    """``method`` names an importance estimate (:data:`METHODS`): what a probe that ranks or removes heads by
+    importance (:func:`head_importance`, :mod:`probes.pruning`) takes."""
+    return check_choice("method", method, METHODS)
 
 
 def _check_heads(heads: Any, info: ModelInfo, method: str) -> Optional[Tensor]:

@@ -20,7 +20,6 @@ from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError
 from probes import _head_stats, gates
 from probes._validate import (
-    METHODS,
     ModelInfo,
     ProbeData,
     check_batch_size,
@@ -33,7 +32,7 @@ from probes._validate import (
     probe_inputs,
     takes_any_model,
 )
-from probes.importance import importance_scores
+from probes.importance import check_method, importance_scores
 
 
 def _ranking(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str, means: Optional[Tensor],
@@ -107,7 +106,7 @@ def prune_curve(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] 
     fracs = check_fractions(fractions)
     seeds = check_seeds(seeds) if "random" in orders else ()
     check_bool("reestimate", reestimate)
-    check_choice("method", method, METHODS)
+    check_method(method)
     batch_size = check_batch_size(batch_size)
     model, info, data = probe_inputs(model, tokens, all_heads=True, loss_mask=loss_mask, attention_mask=attention_mask,
                                      source_tokens=source_tokens, source_mask=source_mask)
@@ -175,7 +174,7 @@ def redundancy(model: AnyModel, tokens: Tensor, *, tolerance: float = 0.01, loss
     ``heads_needed_xL0`` for encoder, decoder and cross-attention layer 0).
     """
     tolerance = check_tolerance(tolerance)
-    check_choice("method", method, METHODS)
+    check_method(method)
     check_choice("criterion", criterion, CRITERIA)
     seeds = check_seeds(seeds)
     check_bool("reestimate", reestimate)
