@@ -22,6 +22,7 @@ from harness.errors import AttnlabError
 from harness.training.tasks import TASKS
 from reports import defaults, external, figures, pipeline
 from reports.census import command as census_command
+from reports.census import variants_command, variants_run
 from reports.defaults import comma
 from reports.heal import heal as run_heal
 from reports.options import (
@@ -407,9 +408,27 @@ def export(run_dir: str, out_dir: str) -> None:
               "heatmap (with --bridge: the bridge section and docs/census_bridge.json).")
 @click.option("--bridge", is_flag=True, help="Check each model through TransformerLens's bridge instead of HFAdapter "
               "and compare with the raw census (a conformance table).")
+@click.option("--variants", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Draw N configs per model type from its config class's own fields and check each (default types: "
+              "the most used decoders and the encoder-decoders; with --write-docs: the variants section and "
+              "docs/census_variants.json).")
+@click.option("--seed", type=int, default=variants_command.DEFAULT_SEED, show_default=True,
+              help="With --variants: the seed of the draws (the same seed draws the same configs).")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(variants_run.DTYPES), default=("float32",),
+              show_default=True, help="With --variants: check each drawn config at this dtype (repeatable).")
 def census(only: tuple[str, ...], workers: int, timeout: int, no_cache: bool, out: Optional[Path],
-           write_docs: bool, bridge: bool) -> None:
+           write_docs: bool, bridge: bool, variants: Optional[int], seed: int, dtypes: tuple[str, ...]) -> None:
     """Build every causal/masked/seq2seq LM model type tiny and random, check it, and give it one result."""
+    if variants is not None:
+        if bridge or out is not None:
+            raise CliError("error: --variants takes neither --bridge nor --out (its rows go to "
+                           "docs/census_variants.json with --write-docs)")
+        variants_command.run(variants, only, seed=seed, dtypes=dtypes, workers=workers, timeout_s=timeout,
+                             use_cache=not no_cache, write_docs=census_command.DOC if write_docs else None,
+                             echo=click.echo)
+        return
+    if seed != variants_command.DEFAULT_SEED or dtypes != ("float32",):
+        raise CliError("error: --seed and --dtype choose the drawn configs of --variants N: add --variants")
     census_command.run(only, workers=workers, timeout_s=timeout, use_cache=not no_cache, out=out,
                        write_docs=census_command.DOC if write_docs else None, echo=click.echo, bridge=bridge)
 

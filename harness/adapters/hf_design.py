@@ -21,6 +21,7 @@ from torch import nn
 
 from harness.adapters import hf_routes as routes
 from harness.adapters.design_facts import AdapterConfig
+from harness.adapters.hf_rope import length_dependence
 from harness.errors import AttnlabTypeError
 
 # Architectures whose ALiBi bias is slope * key_index (Bloom's build_alibi_tensor, Falcon's copy
@@ -413,7 +414,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
         bos_token_id=_bos(config), attention_sinks=_sinks(attn_modules),
-        absolute_positions=_absolute_positions(module),
+        absolute_positions=_absolute_positions(module) or (length_dependence(config, n_ctx) if rotary else None),
         key_score_bias=callable(getattr(attn0, "prepare_dynamic_mask", None)),  # Doge's dynamic mask attention
         expert_capacity=expert_capacity(hf_model),
     )

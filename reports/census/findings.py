@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from harness.adapters.hf_rope import length_dependence
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -67,8 +69,28 @@ FINDINGS: tuple[Finding, ...] = (
 
 
 # The variants census's findings (reports/census/variants_run.py): a failed row of some drawn configurations only,
-# each with the config predicate it holds under and a witness on the raw HF model built from that config.
-VARIANT_FINDINGS: tuple[Finding, ...] = ()
+# each with the config predicate it holds under and a witness on the raw HF model built from that config
+# (tests/helpers/census_variant_witness.py).
+_LONGROPE = ("LongRoPE (Ding et al. 2024; Phi-3's rope_type='longrope') rotates with short_factor while the sequence "
+             "is within original_max_position_embeddings and with long_factor past it, recomputed from each call's "
+             "largest position id (transformers' longrope_frequency_update): keys cached while the sequence was short "
+             "keep the short rotation, so a cached step past the limit differs from a full forward, which rotates "
+             "every key with long_factor (the design, not rounding: 6e-3 in float64, exact under default rope). "
+             "transformers' generate recomputes the cache at the switch only for Phi-3 "
+             "(Phi3ForCausalLM.prepare_inputs_for_generation).")
+
+
+def _longrope_within_context(config: Any) -> bool:
+    """LongRoPE whose switch to long_factor lies inside the context (so cached decoding can cross it)."""
+    why = length_dependence(config, getattr(config, "max_position_embeddings", 0) or 0)
+    return why is not None and why.startswith("rope_type='longrope'")
+
+
+LONGROPE_CACHE = ("llama",)  # the types whose drawn LongRoPE configs failed kv_cache, each witnessed
+VARIANT_FINDINGS: tuple[Finding, ...] = tuple(
+    Finding(t, "kv_cache", _LONGROPE, "longrope_cached_step_differs", when=_longrope_within_context,
+            when_doc="rope_type='longrope' with original_max_position_embeddings < max_position_embeddings")
+    for t in LONGROPE_CACHE)
 
 # The bridge census's findings (reports/census/bridge.py): rows the raw model passes and the bridge fails. Each
 # witness (tests/helpers/census_witness.py) shows the bug on the census's tiny model against the raw HF model or

@@ -16,6 +16,7 @@ each with the keys its ``_validate_<type>_rope_parameters`` requires).
 
 from __future__ import annotations
 
+import copy
 import json
 import zlib
 from typing import Any, Optional
@@ -133,8 +134,6 @@ def _rope_dict(draw: Any, d: dict[str, Any], current: dict[str, Any], max_pos: i
     elif kind == "llama3":
         out.update(factor=draw(st.sampled_from((8.0, 32.0))), low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=min(original, max_pos - 1))
-    elif kind == "proportional":
-        out["factor"] = draw(st.sampled_from((1.0, factor)))
     return out
 
 
@@ -157,6 +156,14 @@ def overrides(draw: Any, d: dict[str, Any]) -> dict[str, Any]:
     if isinstance(types, list) and types and draw(st.booleans()):
         kinds = sorted({str(t) for t in types} | (set(_TYPES) if "sliding_window" in d else set()))
         out["layer_types"] = draw(st.lists(st.sampled_from(kinds), min_size=len(types), max_size=len(types)))
+    sliding = "sliding_attention" in out.get("layer_types", ()) or out.get("use_sliding_window") is True
+    if sliding and "sliding_window" in d:
+        # a sliding layer needs its window, and Qwen's configs drop the window unless use_sliding_window: a config
+        # people ship sets both (else transformers fails on a None window, a refusal that says nothing)
+        if {**d, **out}.get("sliding_window") is None:
+            out["sliding_window"] = draw(st.sampled_from(WINDOWS))
+        if "use_sliding_window" in d:
+            out["use_sliding_window"] = True
     rope = d.get("rope_parameters")
     if isinstance(rope, dict) and rope and draw(st.booleans()):
         max_pos = int(d.get("max_position_embeddings") or shrink.CONTEXT)
@@ -196,27 +203,38 @@ def draw(model_type: str, class_name: str, n: int, seed: int) -> list[dict[str, 
     """``n`` distinct override dicts for ``model_type`` (fewer only where its fields allow fewer), in draw order.
 
     A @given run of hypothesis at a fixed seed, generation only (no database, no shrinking), collecting each
-    distinct draw: the same seed draws the same list.
+    distinct draw and stopped by :class:`_Enough` at the ``n``-th: the same seed draws the same list, and the
+    first ``k`` of ``n`` draws are the draws of ``k``.
     """
     d = base_dict(model_type, class_name)
     found: dict[str, dict[str, Any]] = {}
 
     @settings(max_examples=n * 20, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
     @hypothesis_seed(type_seed(model_type, seed))
     @given(overrides(d))
     def collect(o: dict[str, Any]) -> None:
-        if len(found) < n:
-            found.setdefault(json.dumps(o, sort_keys=True), o)
+        found.setdefault(json.dumps(o, sort_keys=True), o)
+        if len(found) >= n:
+            raise _Enough()
 
-    collect()
+    try:
+        collect()
+    except _Enough:
+        pass
     return list(found.values())
+
+
+class _Enough(Exception):
+    """Ends :func:`draw`'s generation once it holds its ``n`` configs."""
 
 
 def build_config(model_type: str, class_name: str, changes: dict[str, Any]) -> Any:
     """The shrunk config of ``model_type`` with ``changes`` applied (its own config class, which may refuse)."""
     default = shrink.tiny_config(model_type, class_name)
-    values = {**shrink.changes(type(default)().to_dict(), model_type), **changes}
+    # a copy: config classes standardize nested dicts in place (rope_parameters.setdefault ...), and the drawn
+    # changes are the job's identity
+    values = {**shrink.changes(type(default)().to_dict(), model_type), **copy.deepcopy(changes)}
     if getattr(default, "is_decoder", None) is True and "is_decoder" not in values:
         values["is_decoder"] = True  # the causal-LM head's declaration (shrink.tiny_config)
     return type(default)(**values)

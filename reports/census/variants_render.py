@@ -60,7 +60,7 @@ def failures_markdown(rows: list[Row]) -> str:
 
 def variant_findings_markdown() -> str:
     lines = [f"- **{f.model_type}, `{f.prop}`**, when {f.when_doc}: {f.summary} Witness: "
-             f"`tests/helpers/census_witness.py::{f.witness}`." for f in VARIANT_FINDINGS]
+             f"`tests/helpers/census_variant_witness.py::{f.witness}`." for f in VARIANT_FINDINGS]
     return "\n".join(lines) if lines else "None."
 
 

@@ -1,0 +1,71 @@
+"""Witnesses for the variants census's findings (reports/census/findings.py VARIANT_FINDINGS), each independent of
+the property suite: the raw Hugging Face model built from the census's shrunk config with the finding's drawn
+changes (reports.census.variants.build_config), in float64 so no rounding can explain the difference. Each raises
+AssertionError once the behaviour no longer reproduces.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import transformers
+
+from reports.census import variants
+from reports.census.enumerate import by_name
+from reports.census.variants import build_config
+
+TOKENS = torch.tensor([[3, 5, 7, 11, 13, 17]])
+
+
+def _model(model_type: str, changes: dict):
+    mt = by_name()[model_type]
+    config = build_config(mt.name, mt.class_name, changes)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = getattr(transformers, mt.class_name)._from_config(config, dtype=torch.float64)
+    return model.eval()
+
+
+def _cached_against_full(model, prefill: int) -> float:
+    """Largest |logit| difference between decoding TOKENS one token at a time after a prefill and one full forward."""
+    with torch.no_grad():
+        full = model(input_ids=TOKENS).logits
+        out = model(input_ids=TOKENS[:, :prefill], use_cache=True)
+        past, steps = out.past_key_values, [out.logits[:, -1]]
+        for i in range(prefill, TOKENS.shape[1]):
+            out = model(input_ids=TOKENS[:, i:i + 1], past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            steps.append(out.logits[:, -1])
+    cached = torch.stack(steps, 1)
+    return float((cached - full[:, prefill - 1:]).abs().max())
+
+
+def longrope(model_type: str, original: int = 4) -> dict:
+    """A LongRoPE rope_parameters dict as Phi-3 ships it (factors per rotated pair), with a short original context,
+    over ``model_type``'s shrunk head size and partial rotary."""
+    base = variants.base_dict(model_type, by_name()[model_type].class_name)
+    partial = base["rope_parameters"].get("partial_rotary_factor", 1.0)
+    head_dim = base.get("head_dim") or base["hidden_size"] // base["num_attention_heads"]
+    half = int(head_dim * partial) // 2
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "factor": 32.0,
+            "original_max_position_embeddings": original, "short_factor": [1.0] * half, "long_factor": [2.0] * half}
+    return {**rope, "partial_rotary_factor": partial} if "partial_rotary_factor" in base["rope_parameters"] else rope
+
+
+def longrope_cached_step_differs(model_type: str = "llama") -> str:
+    """LongRoPE rotates with short_factor while the sequence is within original_max_position_embeddings and with
+    long_factor past it, recomputed from each call's largest position: keys cached while the sequence was short keep
+    the short rotation, so cached decoding past the limit differs from a full forward. Default rope: exact."""
+    changes = {"rope_parameters": longrope(model_type)}
+    plain = {k: v for k, v in changes["rope_parameters"].items()
+             if k in ("rope_theta", "partial_rotary_factor")}
+    moved = _cached_against_full(_model(model_type, changes), prefill=3)
+    exact = _cached_against_full(_model(model_type, {"rope_parameters": {**plain, "rope_type": "default"}}), prefill=3)
+    assert moved > 1e-6 and exact < 1e-10, (moved, exact)
+    return (f"{model_type}, float64: a cached step past original_max_position_embeddings=4 is off the full forward by "
+            f"{moved:.3g} under longrope, {exact:.3g} under default rope")
+
+
+WITNESSES = {f.__name__: f for f in (longrope_cached_step_differs,)}
