@@ -1,0 +1,232 @@
+"""Planted bugs of a chosen size, on attnlab's Transformer and on Hugging Face Llama-family decoders.
+
+Each family is the kind of bug a calibrated row exists to catch, graded by one number (size 0 is
+the unplanted control: the same code path with the bug switched off, which must pass):
+
+- ``decode_offset`` (kv_cache): a cached decoding step numbers its tokens ``size`` positions too
+  high (its position ids, hence its rotary phases); the prefill and the full forward are right.
+- ``scale_error`` (attention_scale): the attention scale is ``(1 + size)`` times the declared one
+  (Vaswani et al. 2017 eq. 1: ``softmax(q.k * scale)``, scale = 1/sqrt(d_head) unless declared).
+- ``pad_leak`` (padding_outputs): a padded key is not masked but enters the softmax with its score
+  plus ``ln(size)``, so it gets ``size`` times the weight a real key of that score would.
+- ``causal_leak`` (causal_outputs): each query also sees the one key right after it, with its
+  score plus ``ln(size)`` (size 1: the key fully visible, the causal mask off by one).
+- ``window_wider`` (sliding_window): every layer declares a window of ``WINDOW`` keys
+  (transformers' convention: ``i - w < j <= i``) and applies ``WINDOW + size`` (transformers #29623).
+
+The bug is planted by swapping the class of the model (or of its attention modules) for a subclass
+that overrides one step and reads the size from an attribute, so a copy (the float64 golden twin of
+properties/precision.py, ``copy.deepcopy``) carries the same bug: a bug is in both copies, never in
+the floor. Plant on a fresh model, before anything has made a twin of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from harness.errors import AttnlabError
+from harness.model.layers import AttnContext
+from harness.model.transformer import Transformer
+
+WINDOW = 4  # the window a window family declares; the searches draw sequences past it (properties/checks/window.py)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kind of planted bug: the row it is for, its sizes (smallest first) and what a size means."""
+
+    name: str
+    row: str
+    sizes: tuple[float, ...]
+    unit: str
+
+
+FAMILIES = {f.name: f for f in (
+    Family("decode_offset", "kv_cache", (1, 2, 4), "positions too high in a cached step"),
+    Family("scale_error", "attention_scale", (0.01, 0.05, 0.2), "relative error of the attention scale"),
+    Family("pad_leak", "padding_outputs", (1e-4, 1e-3, 1e-2, 1e-1), "weight of a padded key, relative"),
+    Family("causal_leak", "causal_outputs", (1e-3, 1e-2, 1e-1, 1.0), "weight of the next key, relative"),
+    Family("window_wider", "sliding_window", (1,), "keys wider than the declared window"),
+)}
+
+
+def family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise AttnlabError(f"family={name!r} is unknown: expected one of {sorted(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def plant(model: nn.Module, name: str, size: float) -> nn.Module:
+    """Plant bug ``name`` of ``size`` into ``model`` (attnlab's Transformer or an HF Llama-family decoder), in place.
+
+    Size 0 plants the control: the bug's code path, switched off (for ``window_wider``: the declared
+    window, applied right). Returns ``model``.
+    """
+    fam = family(name)
+    if not (isinstance(size, (int, float)) and math.isfinite(size) and size >= 0):
+        raise AttnlabError(f"size={size!r} is invalid for {name}: expected a finite number >= 0")
+    if name in ("pad_leak", "causal_leak") and size > 0 and size > 1e6:
+        raise AttnlabError(f"size={size!r} is invalid for {name}: expected a weight in (0, 1e6]")
+    if isinstance(model, Transformer):
+        return _plant_ours(model, fam, float(size))
+    return _plant_hf(model, fam, float(size))
+
+
+# --- attnlab's Transformer ----------------------------------------------------------------------
+
+def _swap(obj: nn.Module, mixin: type) -> None:
+    """Give ``obj`` the class ``mixin`` + its own class (made once per pair, so copies share it)."""
+    base = type(obj)
+    if mixin in base.__mro__:
+        return
+    key = (mixin, base)
+    if key not in _CLASSES:
+        # in the base's module: the HF adapter finds the modeling code (its rotary function, its source) by the
+        # module a class is defined in
+        _CLASSES[key] = type(f"{mixin.__name__}{base.__name__}", (mixin, base), {"__module__": base.__module__})
+    obj.__class__ = _CLASSES[key]
+
+
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _plant_ours(model: Transformer, fam: Family, size: float) -> Transformer:
+    cfg = model.cfg
+    if fam.name == "window_wider":
+        raise AttnlabError("window_wider needs a model that declares a sliding window: attnlab's Transformer has "
+                           "no sliding_window field")
+    if fam.name == "scale_error":
+        for block in model.blocks:
+            block.attn.scale = block.attn.scale * (1.0 + size)
+        return model
+    if fam.name == "decode_offset" and cfg.positional_embedding_type not in ("rotary", "standard", "sinusoidal"):
+        raise AttnlabError(f"decode_offset needs positions: positional_embedding_type="
+                           f"{cfg.positional_embedding_type!r}")
+    model._planted = (fam.name, size)
+    _swap(model, _PlantedContext)
+    return model
+
+
+class _PlantedContext:
+    """Transformer._context with the planted bug (``self._planted``) in positions or the attention mask."""
+
+    _planted: tuple[str, float]
+
+    def _context(self, batch: int, q: int, device: torch.device, dtype: torch.dtype, mask: Optional[Tensor],
+                 offset: int, cache: Any) -> tuple[Tensor, AttnContext]:
+        name, size = self._planted
+        past = cache.length if cache is not None else 0
+        if name == "decode_offset":
+            return super()._context(batch, q, device, dtype, mask, offset + int(size) * (past > 0), cache)  # type: ignore[misc]
+        positions, ctx = super()._context(batch, q, device, dtype, mask, offset, cache)  # type: ignore[misc]
+        if size == 0:
+            return positions, ctx
+        allowed = ctx.explicit_mask(q, past + q, device)
+        if allowed is None:  # a bidirectional model without padding: every key is seen already
+            return positions, ctx
+        q_idx = torch.arange(past, past + q, device=device)[:, None]
+        k_idx = torch.arange(past + q, device=device)[None, :]
+        leak = _leak(name, allowed, q_idx, k_idx)
+        bias = torch.zeros(leak.shape, dtype=dtype, device=device).masked_fill(leak, math.log(size))
+        bias = bias if ctx.bias is None else ctx.bias + bias
+        return positions, AttnContext(cos=ctx.cos, sin=ctx.sin, allowed=allowed | leak, is_causal=False, bias=bias)
+
+
+def _leak(name: str, allowed: Tensor, q_idx: Tensor, k_idx: Tensor) -> Tensor:
+    """bool like ``allowed``: the masked keys the bug lets through (padded ones, or the next one)."""
+    if name == "pad_leak":
+        return ~allowed & (k_idx <= q_idx)  # masked although not in the future: padding
+    return ~allowed & (k_idx == q_idx + 1)
+
+
+# --- Hugging Face Llama-family decoders ---------------------------------------------------------
+
+def _layers(model: nn.Module) -> list[nn.Module]:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
+        raise AttnlabError(f"cannot plant into {type(model).__name__}: expected attnlab's Transformer or a Hugging "
+                           f"Face decoder with model.layers[i].self_attn (Llama, Mistral, Qwen2, SmolLM2 ...)")
+    return list(layers)
+
+
+def _plant_hf(model: nn.Module, fam: Family, size: float) -> nn.Module:
+    layers = _layers(model)
+    if fam.name == "decode_offset":
+        model.model._planted = (fam.name, size)
+        _swap(model.model, _PlantedDecoder)
+        return model
+    for layer in layers:
+        attn = layer.self_attn
+        attn._planted = (fam.name, size)
+        if fam.name == "window_wider":
+            attn.sliding_window = WINDOW  # what the module declares (harness/adapters/hf_design.py reads it)
+        _swap(attn, _PlantedAttention)
+    return model
+
+
+def _cache_of(kwargs: dict[str, Any]) -> Any:
+    return kwargs.get("cache", kwargs.get("past_key_values"))
+
+
+class _PlantedDecoder:
+    """A decoder whose cached steps (a non-empty cache) get position ids ``size`` too high."""
+
+    _planted: tuple[str, float]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        cache, ids = _cache_of(kwargs), kwargs.get("position_ids")
+        if cache is not None and ids is not None and cache.get_seq_length() > 0:
+            kwargs["position_ids"] = ids + int(self._planted[1])
+        return super().forward(*args, **kwargs)  # type: ignore[misc]
+
+
+class _PlantedAttention:
+    """An attention module whose kernel gets a wrong scale, or a mask that lets padded or next keys through or
+    applies a wider window than the module declares."""
+
+    _planted: tuple[str, float]
+    scaling: float
+    layer_idx: int
+
+    def forward(self, hidden_states: Tensor, *args: Any, attention_mask: Optional[Tensor] = None,
+                **kwargs: Any) -> Any:
+        name, size = self._planted
+        if name == "scale_error":
+            # the module keeps declaring its scaling (the adapter reads it: harness/adapters/hf_design.py);
+            # only the call its kernel gets uses the wrong one
+            declared = self.scaling
+            self.scaling = declared * (1.0 + size)
+            try:
+                return super().forward(hidden_states, *args, attention_mask=attention_mask, **kwargs)  # type: ignore[misc]
+            finally:
+                self.scaling = declared
+        if name != "window_wider" and size == 0:
+            return super().forward(hidden_states, *args, attention_mask=attention_mask, **kwargs)  # type: ignore[misc]
+        cache = _cache_of(kwargs)
+        q = hidden_states.shape[1]
+        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
+        n_k = past + q
+        q_idx = torch.arange(past, n_k, device=hidden_states.device)[:, None]
+        k_idx = torch.arange(n_k, device=hidden_states.device)[None, :]
+        if attention_mask is None:  # sdpa's skip: a plain causal mask
+            allowed = (k_idx <= q_idx)[None, None]
+        elif attention_mask.dtype == torch.bool:
+            allowed = attention_mask[..., :n_k]
+        else:  # additive: 0 where seen, the dtype's minimum (or -inf) where masked
+            allowed = attention_mask[..., :n_k] > torch.finfo(attention_mask.dtype).min / 2
+        low = torch.finfo(hidden_states.dtype).min
+        if name == "window_wider":
+            allowed = allowed & (k_idx > q_idx - (WINDOW + int(size)))
+            additive = torch.zeros(allowed.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+            additive = additive.masked_fill(~allowed, low)
+        else:
+            leak = _leak(name, allowed, q_idx, k_idx)
+            additive = torch.zeros(allowed.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+            additive = additive.masked_fill(~allowed, low).masked_fill(leak, math.log(size))
+        return super().forward(hidden_states, *args, attention_mask=additive, **kwargs)  # type: ignore[misc]
