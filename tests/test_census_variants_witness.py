@@ -1,5 +1,5 @@
 """The variants census's findings reproduce on the raw HF model (tests/helpers/census_variant_witness.py), and the
-length-dependent rotary scalings are declared designs, read by the adapter (harness/adapters/hf_rope.py)."""
+length-dependent rotary scalings are declared designs, read by the adapter (harness/adapters/hf_positions.py)."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class DesignFacts:
     # the scalable-softmax factor s(p) = (1 + (p + 1) / 2048) ** 0.1 on its layers without RoPE (Nakanishi 2025,
     # "Scalable-Softmax Is Superior for Attention"; transformers' beam compute_attention_scaling); RecurrentGemma's
     # RG-LRU resets its state at position 0, a document boundary (De et al. 2024, Griffin §2.4); dynamic-NTK and
-    # LongRoPE rotary scalings recompute their frequencies from the sequence's length (harness/adapters/hf_rope.py).
+    # LongRoPE rotary scalings recompute their frequencies from the length (harness/adapters/hf_positions.py).
     # Textbook: none (None); relative_position does not apply where it is set.
     absolute_positions: Optional[str] = None
     # A bias b_h(j) added to every score of key j, per head and batch row, computed from the input: Doge's

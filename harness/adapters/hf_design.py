@@ -21,7 +21,7 @@ from torch import nn
 
 from harness.adapters import hf_routes as routes
 from harness.adapters.design_facts import AdapterConfig
-from harness.adapters.hf_rope import length_dependence
+from harness.adapters.hf_positions import falcon_alibi_slopes, length_dependence
 from harness.errors import AttnlabTypeError
 
 # Architectures whose ALiBi bias is slope * key_index (Bloom's build_alibi_tensor, Falcon's copy
@@ -412,6 +412,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         rotary_direction=_rotary_direction(module) if rotary else None,
         rope_type=rope_type, pos_offset=_pos_offset(arch, hf_model) if pos == "standard" else 0, qk_norm=qk_norm,
         alibi_style=("absolute_key" if arch in _ABSOLUTE_KEY_ALIBI else "relative") if pos == "alibi" else None,
+        alibi_slopes=falcon_alibi_slopes(config, int(n_heads), d_head),
         normalization_type=_norm_type(hf_model), query_prescale=query_prescale(attn0),
         bos_token_id=_bos(config), attention_sinks=_sinks(attn_modules),
         absolute_positions=_absolute_positions(module) or (length_dependence(config, n_ctx) if rotary else None),

@@ -68,4 +68,29 @@ def longrope_cached_step_differs(model_type: str = "llama") -> str:
             f"{moved:.3g} under longrope, {exact:.3g} under default rope")
 
 
-WITNESSES = {f.__name__: f for f in (longrope_cached_step_differs,)}
+def _impl_logits(model_type: str, changes: dict, impl: str) -> torch.Tensor:
+    mt = by_name()[model_type]
+    config = build_config(mt.name, mt.class_name, changes)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = getattr(transformers, mt.class_name)._from_config(config, dtype=torch.float64,
+                                                                  attn_implementation=impl).eval()
+    with torch.no_grad():
+        return model(input_ids=TOKENS).logits
+
+
+def falcon_alibi_added_twice(model_type: str = "falcon") -> str:
+    """Falcon with alibi=True: FalconModel.forward folds alibi / sqrt(head_dim) into the causal mask, and the eager
+    attention (also what output_attentions=True runs) adds alibi to the scores again before scaling them, so eager
+    attends with slopes 2 / sqrt(head_dim) x Press's where sdpa uses 1 / sqrt(head_dim): the two give other logits.
+    Without ALiBi they agree."""
+    moved = float((_impl_logits(model_type, {"alibi": True}, "eager")
+                   - _impl_logits(model_type, {"alibi": True}, "sdpa")).abs().max())
+    plain = float((_impl_logits(model_type, {"alibi": False}, "eager")
+                   - _impl_logits(model_type, {"alibi": False}, "sdpa")).abs().max())
+    assert moved > 1e-4 and plain < 1e-10, (moved, plain)
+    return f"falcon, float64: eager against sdpa logits differ by {moved:.3g} with alibi=True, {plain:.3g} without"
+
+
+WITNESSES = {f.__name__: f for f in (longrope_cached_step_differs, falcon_alibi_added_twice)}
