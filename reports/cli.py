@@ -34,6 +34,8 @@ from reports.options import (
     model_options,
     placement_options,
     preset_option,
+    seeds_option,
+    sequences_option,
     train_options,
 )
 from reports.probe_run import plan as probe_plan
@@ -208,7 +210,7 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
     shown = table.assign(result=[str(s).upper() if s == "fail" else s for s in table["status"]] if "status" in table
                          else [("pass" if p else "FAIL") if a else "n/a"
                                for a, p in zip(table["applicable"], table["passed"], strict=True)])
-    click.echo(shown[["property", "result", "worst", "tolerance", "counterexample"]].to_string(index=False))
+    click.echo(verdict_table(shown).to_string(index=False))
     status = shown["result"].str.lower()
     silent = list(table["property"][status == "unobservable"])  # not checked: never counted as failed
     unobservable = f" ({len(silent)} unobservable: {', '.join(silent)})" if silent else ""
@@ -224,10 +226,8 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
               help="--hf: probe on this text file, tokenized by the tokenizer saved in PATH.")
 @click.option("--seed", type=click.IntRange(min=0), default=defaults.SEED, show_default=True,
               help="Seed of --hf config.json random weights and of the --task batch.")
-@click.option("--sequences", type=click.IntRange(min=1), default=defaults.PROBE_SEQUENCES, show_default=True,
-              help="Validation sequences of the run's task to probe with.")
-@click.option("--seeds", type=comma_ints, default=comma(defaults.SEEDS), show_default=True,
-              help="Seeds of the random prune orders.")
+@sequences_option("Validation sequences of the run's task to probe with.")
+@seeds_option("Seeds of the random prune orders.")
 @click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=defaults.TOLERANCE,
               show_default=True, help="Relative loss rise allowed when counting prunable heads.")
 @click.option("--top-k", type=click.IntRange(min=1), default=defaults.TOP_K_PATTERNS, show_default=True,
@@ -272,6 +272,17 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
     click.echo(f"{found}wrote {len(result)} probe result(s) to {os.path.join(run_dir, 'probes')}")
 
 
+def verdict_table(shown: Any) -> Any:
+    """The printed rows: each figure to 3 significant digits, so every verdict reads off its own numbers (pandas
+    prints a column of mixed magnitudes in fixed point, where a worst deviation of 3e-08 reads 0.000000)."""
+    cols = [c for c in ("property", "result", "worst", "allowance", "ratio", "counterexample") if c in shown]
+    table = shown[cols].copy()
+    for col in ("worst", "allowance", "ratio"):
+        if col in table:
+            table[col] = ["" if v != v else f"{v:.3g}" for v in table[col].astype(float)]
+    return table
+
+
 @cli.command(short_help="Softmax-saturation sweep -> CSV + figure.")
 @click.option("--out", "out_dir", default=defaults.SATURATION_OUT, show_default=True, type=OutDir(),
               help="Folder for saturation.csv and figures/saturation.png (a run directory puts it in its report).")
@@ -307,12 +318,10 @@ def report(run_dir: str) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace a run already in --out.")
 @click.option("--max-examples", type=click.IntRange(min=1), default=defaults.MAX_EXAMPLES, show_default=True,
               help="Hypothesis examples per property.")
-@click.option("--sequences", type=click.IntRange(min=1), default=defaults.PROBE_SEQUENCES, show_default=True,
-              help="Validation sequences to probe with.")
+@sequences_option("Validation sequences to probe with.")
 @click.option("--d-heads", type=comma_ints, default=comma(defaults.SATURATION_D_HEADS), show_default=True,
               help="Head widths of the saturation sweep.")
-@click.option("--seeds", type=comma_ints, default=comma(defaults.SEEDS), show_default=True,
-              help="Seeds of the random prune orders and of the saturation sweep.")
+@seeds_option("Seeds of the random prune orders and of the saturation sweep.")
 @_progress_opt
 def demo(out_dir: str, preset_name: Optional[str], overwrite: bool, max_examples: int, sequences: int,
          d_heads: tuple[int, ...], seeds: tuple[int, ...], progress: Optional[bool], **fields: Any) -> None:
@@ -416,19 +425,25 @@ def export(run_dir: str, out_dir: str) -> None:
               help="With --variants: the seed of the draws (the same seed draws the same configs).")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(variants_run.DTYPES), default=("float32",),
               show_default=True, help="With --variants: check each drawn config at this dtype (repeatable).")
+@click.option("--dtype-variants", type=click.IntRange(min=0), default=None, metavar="K",
+              help="With --variants: only the first K drawn configs of each type run at the dtypes after the first "
+              "(default: all N).")
 def census(only: tuple[str, ...], workers: int, timeout: int, no_cache: bool, out: Optional[Path],
-           write_docs: bool, bridge: bool, variants: Optional[int], seed: int, dtypes: tuple[str, ...]) -> None:
+           write_docs: bool, bridge: bool, variants: Optional[int], seed: int, dtypes: tuple[str, ...],
+           dtype_variants: Optional[int]) -> None:
     """Build every causal/masked/seq2seq LM model type tiny and random, check it, and give it one result."""
     if variants is not None:
         if bridge or out is not None:
             raise CliError("error: --variants takes neither --bridge nor --out (its rows go to "
                            "docs/census_variants.json with --write-docs)")
-        variants_command.run(variants, only, seed=seed, dtypes=dtypes, workers=workers, timeout_s=timeout,
+        variants_command.run(variants, only, seed=seed, dtypes=dtypes, dtype_variants=dtype_variants,
+                             workers=workers, timeout_s=timeout,
                              use_cache=not no_cache, write_docs=census_command.DOC if write_docs else None,
                              echo=click.echo)
         return
-    if seed != variants_command.DEFAULT_SEED or dtypes != ("float32",):
-        raise CliError("error: --seed and --dtype choose the drawn configs of --variants N: add --variants")
+    if seed != variants_command.DEFAULT_SEED or dtypes != ("float32",) or dtype_variants is not None:
+        raise CliError("error: --seed, --dtype and --dtype-variants choose the drawn configs of --variants N: add "
+                       "--variants")
     census_command.run(only, workers=workers, timeout_s=timeout, use_cache=not no_cache, out=out,
                        write_docs=census_command.DOC if write_docs else None, echo=click.echo, bridge=bridge)
 

@@ -32,3 +32,12 @@ def test_longrope_inside_the_context_is_a_declared_dependence_on_position():
     phi3 = {"rope_parameters": {**longrope("phi3"), "original_max_position_embeddings": 4096}}
     assert adapt(_model("phi3", phi3).float()).cfg.absolute_positions is None
     assert adapt(_model("llama", {}).float()).cfg.absolute_positions is None
+
+
+def test_a_stack_whose_layers_never_rotate_is_position_free():
+    """Cohere 2 rotates its sliding-window layers only (its full layers take no positions): a config of full layers
+    alone is declared position-free, and the rotary rows are n/a instead of comparing unrotated q with a rotation."""
+    full = adapt(_model("cohere2", {"layer_types": ["full_attention"] * 4}).float()).cfg
+    assert full.positional_embedding_type == "none" and full.rotary_dim is None
+    mixed = adapt(_model("cohere2", {}).float()).cfg
+    assert mixed.positional_embedding_type == "rotary" and mixed.rotary_layers == (True, True, True, False)

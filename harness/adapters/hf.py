@@ -30,7 +30,7 @@ from harness.adapters import hf_attention as attention
 from harness.adapters import hf_partial as partial
 from harness.adapters import hf_routes as routes
 from harness.adapters.design_facts import AdapterConfig
-from harness.adapters.hf_design import head_dim, position_embedding_module, read_design
+from harness.adapters.hf_design import calls, head_dim, position_embedding_module, read_design
 from harness.adapters.protocol import UnsupportedInput, smoke_forward
 from harness.errors import AttnlabTypeError
 from harness.model.hooks import active
@@ -238,6 +238,7 @@ class HFAdapter(HookedRootModule):
     @staticmethod
     def _enter(tap: attention.LayerTap) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
+            tap.entered += 1
             module.__dict__["_attnlab_token"] = attention.CURRENT.set(tap)
         return hook
 
@@ -394,12 +395,24 @@ class HFAdapter(HookedRootModule):
         return out.logits, (returned if returned is not None else cache, mask)
 
     def _observe_rotary_layers(self) -> None:
-        """``cfg.rotary_layers`` from the smoke pass: where some layers' rotary function ran and others' did not."""
+        """``cfg.rotary_layers`` from the smoke pass: where some layers' rotary function ran and others' did not.
+
+        Where the modeling code calls apply_rotary_pos_emb but no checked layer ran it, the stack has no positions
+        at all: Cohere 2 rotates its sliding-window layers only, so a config of full-attention layers alone is
+        position-free (``positional_embedding_type="none"``)."""
         if self._cfg.positional_embedding_type != "rotary" or len(self._taps) != self._cfg.n_layers:
             return
         turned = tuple(tap.rotations > 0 for tap in self._taps)
         if any(turned) and not all(turned):
             self._cfg = dataclasses.replace(self._cfg, rotary_layers=turned)
+        elif (not any(turned) and all(tap.entered for tap in self._taps)
+              and (self._cfg.rotary_dim or self._cfg.d_head) == self._cfg.d_head
+              and calls(sys.modules.get(type(self._attns[0]).__module__), "apply_rotary_pos_emb")):
+            # judged only where every layer ran under the adapter and rotates whole heads (GPT-J's partial
+            # rotary_dim is not counted on whole heads)
+            self._cfg = dataclasses.replace(self._cfg, positional_embedding_type="none", rotary_dim=None,
+                                            rotary_style=None, rotary_base=None, rotary_offset=None,
+                                            rotary_direction=None, rope_type=None)
 
     def _smoke(self, arch: str) -> None:
         """A plain two-token forward before any use: a model that raises gets one error naming the exception."""

@@ -50,6 +50,7 @@ class LayerTap:
     d_head: int
     explicit_calls: int = 0  # how often the explicit scores were computed (tests: idle hooks stay on the kernel)
     rotations: int = 0  # how often this layer's apply_rotary_pos_emb ran on whole heads (DesignFacts.rotary_layers)
+    entered: int = 0  # how often this layer's attention module ran under the adapter (its rotations were watched)
 
     def active(self, name: str) -> bool:
         return active(self.points[name])

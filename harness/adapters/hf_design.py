@@ -75,7 +75,7 @@ def positional_type(config: Any, hf_model: nn.Module, attn: Optional[nn.Module])
     if arch == "mpt" and getattr(getattr(config, "attn_config", None), "alibi", False):
         return "alibi"
     module = _modeling_module(attn)
-    if module is not None and _calls(module, "apply_rotary_pos_emb"):
+    if module is not None and calls(module, "apply_rotary_pos_emb"):
         return "rotary"
     # a rotary module under another helper's name (Qwen3-ASR, OmniASR): rotary, though its rot hooks may not fire
     if any("Rotary" in type(sub).__name__ for sub in hf_model.modules()):
@@ -101,10 +101,10 @@ def _decoder_masked_causally(attn: nn.Module) -> bool:
     masks with ``create_causal_mask`` (BigBirdPegasus, PEGASUS-X: the flag is only read by the sdpa/flash kernels
     when no mask is passed, and these run eager): the mask the model builds is causal, and so is the design."""
     module = _modeling_module(attn)
-    return getattr(attn, "is_decoder", False) is True and module is not None and _calls(module, "create_causal_mask")
+    return getattr(attn, "is_decoder", False) is True and module is not None and calls(module, "create_causal_mask")
 
 
-def _calls(module: Any, name: str) -> bool:
+def calls(module: Any, name: str) -> bool:
     """Whether the modeling file calls ``name`` (Jamba and Nemotron-H copy apply_rotary_pos_emb but never call it:
     they have no positions in attention)."""
     if not hasattr(module, name):
@@ -279,7 +279,7 @@ def _absolute_positions(module: Any) -> Optional[str]:
                 "(reset = position_ids == 0)")
     if module is None or not callable(getattr(module, "compute_attention_scaling", None)):
         return None
-    if not _calls(module, "compute_attention_scaling"):
+    if not calls(module, "compute_attention_scaling"):
         return None
     doc = (inspect.getdoc(module.compute_attention_scaling) or "").split("\n")[0]
     return f"{module.__name__.rsplit('.', 1)[-1]}.compute_attention_scaling" + (f": {doc}" if doc else "")

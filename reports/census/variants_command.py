@@ -42,12 +42,15 @@ def default_types() -> list[ModelType]:
     return [known[n] for n in (*DECODERS, *ENCODER_DECODERS) if n in known]
 
 
-def jobs(types: list[ModelType], n: int, seed: int, dtypes: tuple[str, ...]) -> list[Job]:
-    """``n`` drawn configs of each type (variants.draw), each at every dtype in ``dtypes``."""
+def jobs(types: list[ModelType], n: int, seed: int, dtypes: tuple[str, ...],
+         dtype_variants: Optional[int] = None) -> list[Job]:
+    """``n`` drawn configs of each type (variants.draw), each at ``dtypes[0]``; the first ``dtype_variants`` of them
+    (all when None) also at the other dtypes."""
     out = []
     for mt in types:
         for i, changes in enumerate(draw(mt.name, mt.class_name, n, seed)):
-            out.extend(Job(mt.name, mt.task, mt.class_name, i, dtype, changes) for dtype in dtypes)
+            at = dtypes if dtype_variants is None or i < dtype_variants else dtypes[:1]
+            out.extend(Job(mt.name, mt.task, mt.class_name, i, dtype, changes) for dtype in at)
     return out
 
 
@@ -69,11 +72,14 @@ def summary_line(rows: list[Row]) -> str:
 
 
 def run(n: int, only: tuple[str, ...] = (), *, seed: int = DEFAULT_SEED, dtypes: tuple[str, ...] = ("float32",),
-        workers: int = 1, timeout_s: int = TIMEOUT_S, use_cache: bool = True, write_docs: Optional[Path] = None,
-        echo: Callable[[str], None] = print) -> list[Row]:
-    """Draw ``n`` configs per type and check each at each dtype; print a line per check and the summary."""
+        dtype_variants: Optional[int] = None, workers: int = 1, timeout_s: int = TIMEOUT_S, use_cache: bool = True,
+        write_docs: Optional[Path] = None, echo: Callable[[str], None] = print) -> list[Row]:
+    """Draw ``n`` configs per type and check each at the first dtype, the first ``dtype_variants`` (all when None)
+    at every dtype; print a line per check and the summary."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise AttnlabError(f"--variants {n!r} is invalid: expected a positive integer (configs drawn per model type)")
+    if dtype_variants is not None and (isinstance(dtype_variants, bool) or not 0 <= dtype_variants <= n):
+        raise AttnlabError(f"--dtype-variants {dtype_variants!r} is invalid: expected 0..{n} (of the --variants)")
     bad = [d for d in dtypes if d not in DTYPES]
     if bad or not dtypes:
         raise AttnlabError(f"--dtype {bad or list(dtypes)} is invalid: expected some of {list(DTYPES)}")
@@ -81,13 +87,14 @@ def run(n: int, only: tuple[str, ...] = (), *, seed: int = DEFAULT_SEED, dtypes:
         raise AttnlabError("--write-docs writes the whole variants census: drop --only")
     types = select(only) if only else default_types()
     start = time.perf_counter()
-    rows = run_jobs(jobs(types, n, seed, dtypes), workers=workers, timeout_s=timeout_s, use_cache=use_cache,
-                    progress=lambda row: echo(line(row)))
+    rows = run_jobs(jobs(types, n, seed, dtypes, dtype_variants), workers=workers, timeout_s=timeout_s,
+                    use_cache=use_cache, progress=lambda row: echo(line(row)))
     wall = time.perf_counter() - start
     ran = f"This run: {wall:.0f} s wall on {workers} worker(s), " \
           f"{sum(r.result['seconds'] for r in rows):.0f} s of model time (first attempts)."
     echo(summary_line(rows) + " " + ran)
     if write_docs is not None:
         variants_render.write_docs(rows, write_docs, transformers.__version__,
-                                   {"variants": n, "seed": seed, "dtypes": list(dtypes), "wall": ran})
+                                   {"variants": n, "seed": seed, "dtypes": list(dtypes),
+                                    "dtype_variants": n if dtype_variants is None else dtype_variants, "wall": ran})
     return rows
