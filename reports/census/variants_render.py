@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from reports.census.findings import VARIANT_FINDINGS
+from reports.census.findings import VARIANT_FINDINGS, variant_diagnosis
 from reports.census.render import _cell
 from reports.census.variants_run import CATEGORIES, Row
 
@@ -52,9 +52,10 @@ def failures_markdown(rows: list[Row]) -> str:
         minimal = smallest.minimal if smallest.minimal is not None else smallest.job["changes"]
         dtypes = sorted({r.job["dtype"] for r in group})
         reason = (smallest.minimal_result or smallest.result)["reason"]
+        known = "; ".join(c for c in (variant_diagnosis(name, p) for p in what.split(", ")) if c)
         lines.append(f"- **{name}**, {category}, `{_cell(what)}` ({len(group)} checks; {', '.join(dtypes)}): "
                      f"minimal failing config `{_cell(_short(minimal))}` (`{{}}` is the shrunk default). "
-                     f"{_cell(reason)}")
+                     f"{_cell(reason)}" + (f" **Known cause, in attnlab:** {_cell(known)}" if known else ""))
     return "\n".join(lines) if lines else "None: every drawn config passes or is refused by transformers."
 
 

@@ -25,6 +25,8 @@ def _model(model_type: str, changes: dict):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = getattr(transformers, mt.class_name)._from_config(config, dtype=torch.float64)
+    if hasattr(model, "set_experts_implementation"):  # grouped_mm has no float64 kernel (placement._experts_for)
+        model.set_experts_implementation("eager")
     return model.eval()
 
 
@@ -63,7 +65,9 @@ def longrope_cached_step_differs(model_type: str = "llama") -> str:
              if k in ("rope_theta", "partial_rotary_factor")}
     moved = _cached_against_full(_model(model_type, changes), prefill=3)
     exact = _cached_against_full(_model(model_type, {"rope_parameters": {**plain, "rope_type": "default"}}), prefill=3)
-    assert moved > 1e-6 and exact < 1e-10, (moved, exact)
+    # default rope is exact to float64 rounding, or to the float32 a model computes inside (DeepSeek-V3's router
+    # casts to float32: 2e-8); LongRoPE's switch moves the logits by 1e-3 and more
+    assert moved > 1e-6 and moved > 1e4 * exact, (moved, exact)
     return (f"{model_type}, float64: a cached step past original_max_position_embeddings=4 is off the full forward by "
             f"{moved:.3g} under longrope, {exact:.3g} under default rope")
 
