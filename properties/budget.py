@@ -17,6 +17,14 @@ inputs such as a batch of identical all-zero rows); a search whose examples cost
 first stops drawing once the budget is spent. Exact rows (no twin, one pass per example) keep
 more examples than calibrated ones.
 
+A row that draws long sequences (a sliding window of thousands of keys needs inputs longer than it)
+pays for its attention too: each pass also costs the bytes of its attention patterns,
+``n_layers * n_heads * n^2`` float32 weights for ``n`` tokens (float64 in a twin pass), each byte
+priced :data:`PATTERN_BYTE_COST` weight bytes. Past a few hundred tokens they outweigh a tiny
+model's weights: Gemma-2's default window of 4096 makes 0.54 GB of patterns a pass for a 2-layer,
+4-head model of 0.1 MB of weights, and that pass took 12 s with its patterns captured (load ~5),
+where reading GPT-2 small's 0.5 GB of weights takes 0.22 s: ~50x a byte.
+
 What the cost is counted from is the model's size and the row's pass counts (properties/cost.py),
 not a clock: the same seed runs the same examples on any machine at any load. Small models are
 never cut: a row whose planned examples cannot exceed the budget at :data:`MAX_PASSES` passes
@@ -42,6 +50,7 @@ from properties.design import model_dtype
 # 2 examples of a logit row (2 passes + 2 twin passes each) or of a one-pass calibrated row, 8 of an exact row
 # (the figures: tests/bench/test_bench_suite.py)
 ROW_BUDGET = 4 * 2**30
+PATTERN_BYTE_COST = 50  # a byte of attention patterns, in weight bytes read (measured: the module doc)
 MIN_EXAMPLES = 3  # the simplest input (hypothesis draws it first) and two random ones
 TWIN_BYTES = 8  # per parameter: the float64 twin
 # passes an example may take, at most (batch_independence: a batch of 3 and each row alone; finite_outputs with
@@ -75,6 +84,12 @@ def parameter_count(model: Any) -> int:
     return sum(p.numel() for p in params()) if callable(params) else 0
 
 
+def attention_bytes(cfg: Any, tokens: int) -> int:
+    """What the float32 attention patterns of one pass over ``tokens`` tokens cost, in weight bytes:
+    ``n_layers * n_heads * tokens^2 * 4`` bytes, each priced :data:`PATTERN_BYTE_COST`."""
+    return int(cfg.n_layers) * int(cfg.n_heads) * int(tokens) ** 2 * 4 * PATTERN_BYTE_COST
+
+
 @dataclass
 class Budget:
     """One row's budget: its passes so far (``cost``, live) weighed by what a pass of this model reads."""
@@ -88,10 +103,13 @@ class Budget:
     skipped: int = 0  # examples it drew after the budget was spent, not measured
 
     @classmethod
-    def of(cls, model: Any, planned: int) -> Optional[Budget]:
-        """The budget of a row on ``model``; None when ``planned`` examples fit it whatever they cost (small models)."""
+    def of(cls, model: Any, planned: int, tokens: int = 0) -> Optional[Budget]:
+        """The budget of a row on ``model`` whose inputs are at most ``tokens`` long (0: the short default ones);
+        None when ``planned`` examples fit it whatever they cost (small models, short inputs)."""
         params = parameter_count(model)
-        made = cls(params * max(4, model_dtype(model).itemsize), params * TWIN_BYTES, planned, ROW_BUDGET)
+        patterns = attention_bytes(model.cfg, tokens)
+        made = cls(params * max(4, model_dtype(model).itemsize) + patterns, params * TWIN_BYTES + 2 * patterns,
+                   planned, ROW_BUDGET)
         return None if planned * MAX_PASSES * (made.model_bytes + made.twin_bytes) <= made.limit else made
 
     def spent(self) -> float:
@@ -110,5 +128,5 @@ class Budget:
         """The row's note when the budget cut its search ("" when it did not)."""
         if self.examples >= self.planned and not self.skipped:
             return ""
-        return (f"budget: {self.examples} of {self.planned} examples ({self.spent() / 1e9:.1f} GB of weights read, "
-                f"{self.model_bytes / 1e9:.2g} GB a pass; max_examples={self.planned} runs them all)")
+        return (f"budget: {self.examples} of {self.planned} examples ({self.spent() / 1e9:.1f} GB of weights and "
+                f"patterns read, {self.model_bytes / 1e9:.2g} GB a pass; max_examples={self.planned} runs them all)")

@@ -20,13 +20,28 @@ tensors (a row sum, a norm, ``q.k``) rather than comparing two of them. This is 
 SDPA tests set theirs (test_transformers.py: the allowance scales with a low-precision
 reference's deviation from a float64 golden run, times a fudge factor).
 
-The minimum ``FACTOR * u64 * reduction`` (u64 = 2^-53, float64's unit roundoff; ``reduction``:
-the longest sum in a forward pass, ``max(d_model, d_mlp, n_ctx)``) is the classic bound on a
-rounded dot product (Higham 2002 §3.1, ``|error| <= n u |x||y|``) applied to the one rounding the
-floor cannot see: the golden twin's own. It decides where the floor is ~0: a float64 model (its
-twin is itself, so a float64 reorder is all there is), or an example whose own-dtype tensors
-happen to equal the twin's. It is derived from float64's epsilon, not typed per dtype; a
-float32/bfloat16/float16 model's own rounding is in its measured floor.
+The floor cannot see the golden twin's own rounding, so the allowance never goes below that
+rounding's bound, ``FACTOR * u * n`` for a sum of ``n`` terms rounded at unit roundoff ``u``
+(Higham 2002 §3.1, ``|error| <= n u |x||y|``):
+
+- ``minimum = FACTOR * u64 * reduction``, with u64 = 2^-53 (float64's unit roundoff) and
+  ``reduction`` the longest sum in a forward pass, ``max(d_model, d_mlp, n_ctx)``: the twin's float64
+  rounding. It decides where the twin adds nothing: a float64 model (its twin is itself, so a
+  float64 reorder is all there is).
+- **Unseen precision.** Modeling code computes parts in float32 whatever the weights' dtype
+  (transformers' eager attention: ``softmax(..., dtype=torch.float32).to(query.dtype)``), so the
+  float64 twin's pattern is a float32 result, the model's is the same float32 result, and the floor
+  reads 0 where the twin is not golden at all (a row of identical keys: weights 1/3 in both, summing
+  to ``1 - 2^-25``). A tensor the twin hands back whose finite values are all float32 values (they
+  survive a round trip through float32) was computed at float32, and the example's allowance is at
+  least ``FACTOR * u32 * n`` for it, ``n`` the reduction that made it: the key count for an attention
+  pattern (the softmax's normalising sum), ``max(d_model, d_mlp)`` for any other tensor (a linear
+  layer's dot product). A float32 twin (the fallback of a bfloat16/float16 model) is such a twin
+  everywhere. Measured from the tensor, not typed per model: where the twin computes in float64, its
+  tensors carry float64 values and only the float64 minimum applies.
+
+A float32/bfloat16/float16 model's own rounding is in its measured floor. The allowance is never 0
+and never NaN: the floor is a maximum of finite gaps, and both bounds are positive.
 
 A model no float64 twin can be made of (a plain function behind FunctionModel; a model accelerate
 dispatched over devices, which is never copied: harness/adapters/dispatch.py, its rows' reason says so)
@@ -75,7 +90,8 @@ from properties.design import model_dtype, unit_roundoff
 FACTOR = 4.0
 NOT_COMPARABLE = "not comparable: non-finite values (see finite_outputs)"
 HIDDEN = "hidden under rounding"
-RULE = "measured: 4 x the noise floor against a float64 twin, at least 4 u64 x reduction (docs/precision.md)"
+RULE = ("measured: 4 x the noise floor against a float64 twin, at least 4 u x reduction for the twin's own "
+        "rounding (u64, or u32 where the twin computed a tensor in float32; docs/precision.md)")
 
 
 def nonfinite_mask(name: str, t: Tensor) -> Tensor:
@@ -118,6 +134,26 @@ def reduction_size(cfg: Any) -> int:
     return max(int(cfg.d_model), int(getattr(cfg, "d_mlp", 0) or 0), int(cfg.n_ctx))
 
 
+def computed_unit(t: Tensor) -> float:
+    """The unit roundoff ``t`` was computed at: its dtype's, or float32's for a float64 tensor of float32 values.
+
+    A float64 tensor whose finite entries all survive a round trip through float32 was computed in float32
+    (or holds only values exact at any precision, where the bound this sets is harmless).
+    """
+    if t.dtype != torch.float64:
+        return unit_roundoff(t.dtype) if t.is_floating_point() else 0.0
+    finite = t[torch.isfinite(t)]
+    exact = finite.numel() == 0 or bool((finite.float().double() == finite).all())
+    return unit_roundoff(torch.float32 if exact and finite.numel() else torch.float64)
+
+
+def terms(name: str, t: Tensor, cfg: Any) -> int:
+    """The length of the sum that produced hook (or output) ``name``: the keys of a pattern, else a layer's width."""
+    if name.endswith("hook_pattern") and t.dim() >= 1:
+        return max(1, int(t.shape[-1]))
+    return max(int(cfg.d_model), int(getattr(cfg, "d_mlp", 0) or 0))
+
+
 @dataclass
 class Noise:
     """One check's calibration: the golden twin, and per example the floor and any non-finite read."""
@@ -128,6 +164,7 @@ class Noise:
     measured: bool = True  # False: the check keeps its own allowance, only non-finite reads are watched
     local: bool = False  # the twin starts every layer from the model's own layer input (one layer's rounding)
     floor: float = 0.0
+    unseen: float = 0.0  # the twin's own rounding where it computed in float32 (module doc: unseen precision)
     nonfinite: str = ""
     blind: bool = False  # the twin went non-finite where the model did not: no floor on this example
     seen: tuple[str, ...] = ()  # the hooks this example captured (for the reference floor)
@@ -139,7 +176,7 @@ class Noise:
         return self.measured and (self.golden is not None or model_dtype(self.model) == torch.float64)
 
     def start(self) -> None:
-        self.floor, self.nonfinite, self.blind, self.seen = 0.0, "", False, ()
+        self.floor, self.unseen, self.nonfinite, self.blind, self.seen = 0.0, 0.0, "", False, ()
 
     def example_floor(self) -> float:
         """The example's floor; where the twin was blind, the model's floor on a plain input instead."""
@@ -154,13 +191,18 @@ class Noise:
         return max(self.floor, self.reference[self.seen])
 
     def allowance(self) -> float:
-        return max(FACTOR * self.example_floor(), self.minimum)
+        return max(FACTOR * self.example_floor(), self.minimum, self.unseen)
 
     def record(self, name: str, own: Tensor, golden: Optional[Tensor]) -> None:
         if not self.nonfinite and bool(nonfinite_mask(name, own).any()):
             self.nonfinite = name
         if name != "logits":
             self.seen = tuple(dict.fromkeys([*self.seen, name]))
+        # the rounding no floor sees: the twin's own, or a float64 model's (its own twin)
+        computed = golden if golden is not None else own if self.golden is None and own.dtype == torch.float64 \
+            else None
+        if computed is not None:
+            self.unseen = max(self.unseen, FACTOR * computed_unit(computed) * terms(name, computed, self.model.cfg))
         if golden is None:
             return
         if bool((nonfinite_mask(name, golden.to(own.device)) & ~nonfinite_mask(name, own)).any()):
@@ -233,7 +275,7 @@ def _deterministic(model: Any) -> bool:
     (torchtune #1791: dropout left on in eval) does so at any dtype, and the twin, copied after,
     carries whatever state the two passes left (a model with state, such as a call counter, stays
     in step with its twin). Its two short passes replace two float64 copies of the weights (three
-    float64 copies of GPT-2 small took ~11 s on 2 loaded cores; issue 19 item 5).
+    float64 copies of GPT-2 small took ~11 s on 2 loaded cores).
     """
     x = torch.arange(min(model.cfg.n_ctx, 4))[None] % model.cfg.d_vocab
     try:

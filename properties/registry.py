@@ -56,6 +56,7 @@ class Plan:
     measure: Measure
     describe: Callable[[Any], str] = tokens_text
     info: Callable[[], str] = lambda: ""
+    tokens: int = 0  # the longest input it draws, where that is long enough to price (properties/budget.py)
 
 
 @dataclass(frozen=True)
@@ -296,7 +297,7 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
                                           info=plan.info, noise=watch, drawn=drawn, replay=replay)
             # max_examples left to the suite: a big model's passes are budgeted by its size (properties/budget.py)
             planned = max_examples or cast(settings, settings.default).max_examples
-            budget = Budget.of(model, planned) if budgeted(max_examples) and not shadow else None
+            budget = Budget.of(model, planned, plan.tokens) if budgeted(max_examples) and not shadow else None
             if budget is None:
                 result = searching(max_examples=max_examples)
             else:

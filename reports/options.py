@@ -19,7 +19,7 @@ from harness.model.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORM_PLACEMENT
 from harness.training.config import DEVICES, OPTIMIZERS, SCHEDULES
 from harness.training.presets import PRESETS, preset
 from harness.training.tasks import TASKS
-from reports.defaults import ATTN_IMPLEMENTATION, DEVICE, DTYPE, PRESET
+from reports.defaults import ATTN_IMPLEMENTATION, DEVICE, DTYPE, PRESET, PROBE_SEQUENCES, SEEDS, comma
 
 BENCH_MODES = {False: "short", True: "full"}
 
@@ -254,6 +254,17 @@ train_options = _decorator(TRAIN_FIELDS, "train__", "TrainConfig")
 
 def _value(value: Any) -> Any:
     return None if value is EXPLICIT_NONE else value
+
+
+def sequences_option(help_text: str) -> Callable[[Callable], Callable]:
+    """``--sequences N``: how many sequences the probes read (``help_text`` says whose)."""
+    return click.option("--sequences", type=click.IntRange(min=1), default=PROBE_SEQUENCES, show_default=True,
+                        help=help_text)
+
+
+def seeds_option(help_text: str) -> Callable[[Callable], Callable]:
+    """``--seeds A,B,...``: the seeds of the random prune orders (``help_text`` says what else they seed)."""
+    return click.option("--seeds", type=comma_ints, default=comma(SEEDS), show_default=True, help=help_text)
 
 
 def preset_option(f: Callable) -> Callable:

@@ -99,7 +99,7 @@ def sliding_window(case: Case) -> Plan:
                          f"(distance {i - j}), outside the window w={w} (expected keys {_span(i, n, w, causal)})")
         return worst, where
 
-    return Plan(strategy, measure)
+    return Plan(strategy, measure, tokens=longest if longest > MAX_WINDOW_LEN else 0)
 
 
 def rounded_to_zero(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
