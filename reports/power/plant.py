@@ -13,6 +13,11 @@ the unplanted control: the same code path with the bug switched off, which must 
   score plus ``ln(size)`` (size 1: the key fully visible, the causal mask off by one).
 - ``window_wider`` (sliding_window): every layer declares a window of ``WINDOW`` keys
   (transformers' convention: ``i - w < j <= i``) and applies ``WINDOW + size`` (transformers #29623).
+- ``batch_leak`` (batch_independence): each attention layer's input mixes in ``size`` of the next
+  row's (``x + size * (roll(x, 1, batch) - x)``), as a norm or a pooling over the batch axis would;
+- ``absolute_leak`` (relative_position): a rotary model adds ``size`` times its absolute rotary table
+  (cos of each position's angles, tiled over d_model) to each attention layer's input, so what it
+  computes depends on absolute position (RoPE alone depends on offsets: Su et al. 2021 eq. 16).
 
 The bug is planted by swapping the class of the model (or of its attention modules) for a subclass
 that overrides one step and reads the size from an attribute, so a copy (the float64 golden twin of
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from torch import Tensor, nn
@@ -52,7 +57,10 @@ FAMILIES = {f.name: f for f in (
     Family("pad_leak", "padding_outputs", (1e-4, 1e-3, 1e-2, 1e-1), "weight of a padded key, relative"),
     Family("causal_leak", "causal_outputs", (1e-3, 1e-2, 1e-1, 1.0), "weight of the next key, relative"),
     Family("window_wider", "sliding_window", (1,), "keys wider than the declared window"),
+    Family("batch_leak", "batch_independence", (1e-3, 1e-2, 1e-1), "share of the next row mixed in"),
+    Family("absolute_leak", "relative_position", (1e-3, 1e-2, 1e-1), "absolute rotary table added, relative"),
 )}
+INPUT_BUGS = ("batch_leak", "absolute_leak")  # planted on each attention layer's input
 
 
 def family(name: str) -> Family:
@@ -104,6 +112,12 @@ def _plant_ours(model: Transformer, fam: Family, size: float) -> Transformer:
         for block in model.blocks:
             block.attn.scale = block.attn.scale * (1.0 + size)
         return model
+    if fam.name in INPUT_BUGS:
+        _rotary_for(fam.name, cfg.positional_embedding_type)
+        for block in model.blocks:
+            block.attn._planted = (fam.name, size)
+            _swap(block.attn, _PlantedInputOurs)
+        return model
     if fam.name == "decode_offset" and cfg.positional_embedding_type not in ("rotary", "standard", "sinusoidal"):
         raise AttnlabError(f"decode_offset needs positions: positional_embedding_type="
                            f"{cfg.positional_embedding_type!r}")
@@ -135,6 +149,33 @@ class _PlantedContext:
         bias = torch.zeros(leak.shape, dtype=dtype, device=device).masked_fill(leak, math.log(size))
         bias = bias if ctx.bias is None else ctx.bias + bias
         return positions, AttnContext(cos=ctx.cos, sin=ctx.sin, allowed=allowed | leak, is_causal=False, bias=bias)
+
+
+def _rotary_for(name: str, positional: str) -> None:
+    if name == "absolute_leak" and positional != "rotary":
+        raise AttnlabError(f"absolute_leak adds the rotary table: expected a rotary model, got "
+                           f"positional_embedding_type={positional!r}")
+
+
+def _input_bug(name: str, size: float, x: Tensor, cos: Optional[Tensor]) -> Tensor:
+    """``x [batch, pos, d_model]`` with the planted input bug: the next row mixed in, or the rotary table added."""
+    if size == 0:
+        return x
+    if name == "batch_leak":
+        return x + size * (x.roll(1, 0) - x)
+    table = cast(Tensor, cos).reshape(cos.shape[0], cos.shape[1], -1)  # [batch|1, pos, d_head]
+    reps = -(-x.shape[-1] // table.shape[-1])
+    return x + size * table.repeat(1, 1, reps)[..., : x.shape[-1]].to(x.dtype)
+
+
+class _PlantedInputOurs:
+    """attnlab's Attention with the planted input bug (``self._planted``)."""
+
+    _planted: tuple[str, float]
+
+    def forward(self, x: Tensor, ctx: AttnContext, cache: Any = None) -> Tensor:
+        name, size = self._planted
+        return super().forward(_input_bug(name, size, x, ctx.cos), ctx, cache)  # type: ignore[misc]
 
 
 def _leak(name: str, allowed: Tensor, q_idx: Tensor, k_idx: Tensor) -> Tensor:
@@ -197,6 +238,13 @@ class _PlantedAttention:
     def forward(self, hidden_states: Tensor, *args: Any, attention_mask: Optional[Tensor] = None,
                 **kwargs: Any) -> Any:
         name, size = self._planted
+        if name in INPUT_BUGS:
+            rotary = kwargs.get("position_embeddings", args[0] if args else None)  # (cos, sin) [batch, pos, d_head]
+            if name == "absolute_leak" and rotary is None:
+                raise AttnlabError(f"absolute_leak adds the rotary table: {type(self).__name__} was given no "
+                                   "position_embeddings")
+            hidden_states = _input_bug(name, size, hidden_states, None if rotary is None else rotary[0][:, :, None])
+            return super().forward(hidden_states, *args, attention_mask=attention_mask, **kwargs)  # type: ignore[misc]
         if name == "scale_error":
             # the module keeps declaring its scaling (the adapter reads it: harness/adapters/hf_design.py);
             # only the call its kernel gets uses the wrong one

@@ -109,7 +109,9 @@ def heatmap(records: list[dict[str, Any]]) -> Figure:
         sns.heatmap(pd.DataFrame(rank, index=labels, columns=dtypes), ax=ax, annot=notes, fmt="", cmap="crest",
                     vmin=0, vmax=1, cbar_kws={"label": "smallest caught size (0 = family's smallest)"},
                     linewidths=0.5, linecolor="white")
-        ax.set_facecolor("#dddddd")  # not caught at any size: the NaN cells show the background
+        ax.set_facecolor("#dddddd")  # not caught at any size: the NaN cells show the background, and say why
+        for i, j in zip(*np.nonzero(np.isnan(rank)), strict=True):
+            ax.text(j + 0.5, i + 0.5, notes[i, j], ha="center", va="center", color="#444444", fontsize=9)
         ax.set_title("Detection power: smallest planted bug each row catches")
         ax.set_xlabel("dtype")
         ax.set_ylabel("")
