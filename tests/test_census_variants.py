@@ -127,6 +127,16 @@ def test_docs_are_the_stored_variants():
     assert not unknown or stored["transformers"] != transformers.__version__, unknown
 
 
+def test_the_stored_verdicts_follow_todays_findings():
+    """Each stored row's category is what findings.py gives its failures today (variants_run.retriage): a finding
+    added or removed after the run means python -m reports.census.variants_command, not a stale JSON."""
+    stored = json.loads(STORED.read_text())
+    rows = [variants_run.Row.from_json(r) for r in stored["rows"]]
+    stale = [(r.job["model_type"], r.job["index"], r.job["dtype"]) for r in rows
+             if variants_run.retriage(r).to_json() != r.to_json()]
+    assert not stale, stale
+
+
 def test_a_seeded_sample_gets_the_stored_categories(tmp_path, monkeypatch):
     """2 drawn configs of a handful of types at float32, one worker, an empty cache: none untriaged, and under the
     stored transformers version each check's category is the stored one (same seed, same draws)."""

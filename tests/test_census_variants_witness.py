@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from harness.adapters import adapt
+from reports.census import findings
 from reports.census.findings import VARIANT_FINDINGS, for_config
 from reports.census.variants import build_config
+from tests.helpers import census_variant_witness as witness
 from tests.helpers.census_variant_witness import WITNESSES, _model, longrope
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,3 +43,8 @@ def test_a_stack_whose_layers_never_rotate_is_position_free():
     assert full.positional_embedding_type == "none" and full.rotary_dim is None
     mixed = adapt(_model("cohere2", {}).float()).cfg
     assert mixed.positional_embedding_type == "rotary" and mixed.rotary_layers == (True, True, True, False)
+
+
+
+def test_every_rounded_inv_freq_finding_has_its_witness_config():
+    assert set(findings.ROUNDED_INV_FREQ) == set(witness.ROUNDED_INV_FREQ)

@@ -201,10 +201,10 @@ def check(adapter: Any, r: Result, label: str, text_config: Optional[str], hybri
                   if row.status == "fail"}
     reasons = {row.property: one_line(str(row.reason), 120) for row in frame.itertuples()
                if row.status == "unobservable"}
-    _verdict(r, reasons, text_config, hybrid, documented)
+    verdict(r, reasons, text_config, hybrid, documented)
 
 
-def _verdict(r: Result, unobservable: dict[str, str], text_config: Optional[str], hybrid: Optional[str],
+def verdict(r: Result, unobservable: dict[str, str], text_config: Optional[str], hybrid: Optional[str],
              documented: Mapping[str, str]) -> None:
     untriaged = sorted(p for p in r.failures if p not in documented)
     if untriaged:

@@ -20,9 +20,9 @@ class Finding:
     prop: str
     summary: str
     witness: str  # tests/helpers/census_witness.py::<witness>, called with the model type
-    # A finding of some configurations only (the variants census, reports/census/variants_run.py): the config
-    # predicate it holds under, and that predicate in words. None: every config of the type.
-    when: Optional[Callable[[Any], bool]] = None
+    # A finding of some configurations only (the variants census, reports/census/variants_run.py): the predicate on
+    # (config, dtype checked) it holds under, and that predicate in words. None: every config of the type.
+    when: Optional[Callable[[Any, str], bool]] = None
     when_doc: str = ""
 
 
@@ -80,7 +80,7 @@ _LONGROPE = ("LongRoPE (Ding et al. 2024; Phi-3's rope_type='longrope') rotates 
              "(Phi3ForCausalLM.prepare_inputs_for_generation).")
 
 
-def _longrope_within_context(config: Any) -> bool:
+def _longrope_within_context(config: Any, dtype: str) -> bool:
     """LongRoPE whose switch to long_factor lies inside the context (so cached decoding can cross it)."""
     why = length_dependence(config, getattr(config, "max_position_embeddings", 0) or 0)
     return why is not None and why.startswith("rope_type='longrope'")
@@ -95,6 +95,13 @@ _FALCON_ALIBI = ("Falcon with alibi=True (Falcon-RW) adds its ALiBi bias twice o
                  "DesignFacts.alibi_slopes, which would still fail here by the factor 2.")
 # the variant census's decoders whose cached decoding the witness shows crossing LongRoPE's switch (Gemma 3 keys its
 # rope by layer type, Phi-3 pins the switch at its shipped 4096; the others have no rope_parameters)
+_INV_FREQ = ("At float16 and bfloat16 the census checks a copy cast by Module.to(dtype), as model.half() casts: "
+             "transformers rounds the rotary inv_freq buffer to the dtype with it (transformers #25681), so the "
+             "rotation at high positions is off a float64 rotation of its own inputs by tens of u (22.6 u at "
+             "position 127 in float16; 1.1 u for the same model built at float16, whose inv_freq stays float32, as "
+             "from_pretrained(dtype=...) keeps it). Which configs cross the allowance depends on the head size.")
+# the types whose drawn configs failed rotary_precision at a low precision, each witnessed on its minimal config
+ROUNDED_INV_FREQ = ("qwen3_moe",)
 LONGROPE_CACHE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi", "gpt_neox", "falcon", "starcoder2",
                   "cohere", "cohere2", "olmo", "olmo2", "stablelm", "qwen2_moe", "deepseek_v3", "glm", "glm4",
                   "granite", "exaone", "exaone4", "qwen3_moe", "persimmon", "olmoe", "granitemoe", "smollm3", "jetmoe")
@@ -102,8 +109,11 @@ VARIANT_FINDINGS: tuple[Finding, ...] = (
     *(Finding(t, "kv_cache", _LONGROPE, "longrope_cached_step_differs", when=_longrope_within_context,
               when_doc="rope_type='longrope' with original_max_position_embeddings < max_position_embeddings")
       for t in LONGROPE_CACHE),
+    *(Finding(t, "rotary_precision", _INV_FREQ, "inv_freq_rounded_by_to",
+              when=lambda config, dtype: dtype in ("float16", "bfloat16"), when_doc="checked at float16 or bfloat16")
+      for t in ROUNDED_INV_FREQ),
     Finding("falcon", "alibi_slopes", _FALCON_ALIBI, "falcon_alibi_added_twice",
-            when=lambda config: bool(getattr(config, "alibi", False)), when_doc="alibi=True"),
+            when=lambda config, dtype: bool(getattr(config, "alibi", False)), when_doc="alibi=True"),
 )
 
 # The bridge census's findings (reports/census/bridge.py): rows the raw model passes and the bridge fails. Each
@@ -173,12 +183,12 @@ def for_type(model_type: str) -> dict[str, Finding]:
     return {f.prop: f for f in FINDINGS if f.model_type == model_type}
 
 
-def for_config(model_type: str, config: Any) -> dict[str, Finding]:
-    """The findings of ``model_type`` that hold for ``config``: the type's own and the variants' whose predicate
-    holds on it."""
+def for_config(model_type: str, config: Any, dtype: str = "float32") -> dict[str, Finding]:
+    """The findings of ``model_type`` that hold for ``config`` checked at ``dtype``: the type's own and the
+    variants' whose predicate holds."""
     out = {f.prop: f for f in FINDINGS if f.model_type == model_type and f.when is None}
     out.update({f.prop: f for f in VARIANT_FINDINGS if f.model_type == model_type and f.when is not None
-                and f.when(config)})
+                and f.when(config, dtype)})
     return out
 
 

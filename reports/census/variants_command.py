@@ -1,5 +1,8 @@
 """What ``attnlab census --variants N`` does: draw N configs per model type, run them, triage, report.
 
+``python -m reports.census.variants_command`` re-derives the stored rows' verdicts from today's findings.py
+(:func:`retriage_docs`: no model is run) and rewrites the docs section, for a finding added after the run.
+
 The default types are :data:`DECODERS` and :data:`ENCODER_DECODERS` (only those the installed transformers
 maps); ``--only`` picks others. Rows are printed one a line as they finish, then a summary per category;
 ``--write-docs`` writes docs/census_variants.json and the "Configuration variants" section of docs/models.md
@@ -8,6 +11,7 @@ maps); ``--only`` picks others. Rows are printed one a line as they finish, then
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -18,10 +22,10 @@ import transformers
 
 from harness.errors import AttnlabError
 from reports.census import variants_render
-from reports.census.command import select
+from reports.census.command import DOC, select
 from reports.census.enumerate import ModelType, by_name
 from reports.census.variants import draw
-from reports.census.variants_run import CATEGORIES, DTYPES, TIMEOUT_S, Job, Row, run_jobs
+from reports.census.variants_run import CATEGORIES, DTYPES, TIMEOUT_S, Job, Row, retriage, run_jobs
 
 # The decoder families most used on the Hugging Face Hub, by the architecture of their checkpoints (the llama,
 # mistral, qwen, gemma, phi, gpt-2/neox/j, falcon, mpt, bloom, opt ... fine-tunes make up most of the Hub's text
@@ -98,3 +102,17 @@ def run(n: int, only: tuple[str, ...] = (), *, seed: int = DEFAULT_SEED, dtypes:
                                    {"variants": n, "seed": seed, "dtypes": list(dtypes),
                                     "dtype_variants": n if dtype_variants is None else dtype_variants, "wall": ran})
     return rows
+
+
+def retriage_docs(doc: Path = DOC) -> list[Row]:
+    """Re-derive the verdicts of the rows stored beside ``doc`` from today's findings (variants_run.retriage) and
+    rewrite the variants section and its JSON; the check results stay the stored run's."""
+    stored = json.loads((doc.parent / variants_render.RESULTS).read_text())
+    rows = [retriage(Row.from_json(r)) for r in stored.pop("rows")]
+    version = stored.pop("transformers")
+    variants_render.write_docs(rows, doc, version, stored)
+    return rows
+
+
+if __name__ == "__main__":
+    print(summary_line(retriage_docs()))

@@ -31,7 +31,7 @@ from typing import Any, Optional
 from harness.adapters import adapt
 from reports.census import findings
 from reports.census.classify import CATEGORIES as CENSUS_CATEGORIES
-from reports.census.classify import ENC_DEC, Result, check, classify, exc_line, multimodal, prepare
+from reports.census.classify import ENC_DEC, Result, check, classify, exc_line, multimodal, prepare, verdict
 from reports.census.enumerate import ModelType
 from reports.census.run import TimedOut, _init_worker, cache_dir
 from reports.census.variants import build_config
@@ -108,7 +108,7 @@ def _stages(changes: dict[str, Any], dtype: str) -> Callable[[ModelType, Result]
         except Exception as exc:
             r.category, r.reason = "unsupported", f"{ENC_DEC if seq2seq else 'HFAdapter'}: {exc_line(exc)}"
             return
-        documented = {p: f.summary for p, f in findings.for_config(mt.name, config).items()}
+        documented = {p: f.summary for p, f in findings.for_config(mt.name, config, dtype).items()}
         check(adapter, r, ENC_DEC if seq2seq else "HFAdapter", multimodal(model), hybrid, documented,
               dtype=None if dtype == "float32" else dtype)
     return stages
@@ -160,6 +160,25 @@ def run_job(job: Job, timeout_s: int = TIMEOUT_S) -> dict[str, Any]:
                 row.shrink_notes.append(f"reset {name}")
     row.minimal, row.minimal_result = current, last.to_json()
     return row.to_json()
+
+
+def retriage(row: Row) -> Row:
+    """``row`` with its failed results categorised again from their failed properties and today's findings
+    (finding where every failure is documented for the drawn config, else untriaged), the checks not re-run: what
+    the docs take after findings.py changes (the check results are the run's; only the verdict is re-derived)."""
+    job = Job(**row.job)
+    out = Row.from_json(row.to_json())
+    for key in ("result", "minimal_result"):
+        data = getattr(out, key)
+        if not data or data["category"] not in SHRUNK:
+            continue
+        changes = job.changes if key == "result" else (out.minimal or {})
+        config = build_config(job.model_type, job.class_name, changes)
+        documented = {p: f.summary for p, f in findings.for_config(job.model_type, config, job.dtype).items()}
+        r = Result.from_json(data)
+        verdict(r, {}, None, None, documented)
+        setattr(out, key, r.to_json())
+    return out
 
 
 def _store(row: Row, folder: Path, done: dict[str, Row], progress: Optional[Callable[[Row], None]]) -> None:

@@ -6,7 +6,9 @@ AssertionError once the behaviour no longer reproduces.
 
 from __future__ import annotations
 
+import sys
 import warnings
+from typing import Any
 
 import torch
 import transformers
@@ -97,4 +99,61 @@ def falcon_alibi_added_twice(model_type: str = "falcon") -> str:
     return f"falcon, float64: eager against sdpa logits differ by {moved:.3g} with alibi=True, {plain:.3g} without"
 
 
-WITNESSES = {f.__name__: f for f in (longrope_cached_step_differs, falcon_alibi_added_twice)}
+# the smallest drawn config of each type whose float16 rotary_precision row failed (docs/census_variants.json)
+ROUNDED_INV_FREQ = {"qwen3_moe": {"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": 3}}
+
+
+def _rotation_error(model: Any, position: int = 127) -> float:
+    """Largest per-head relative error of the model's own rotation of q and k at ``position`` against a float64
+    rotation (Su et al. 2021 eq. 34, rotate_half layout) of the same inputs, over a few one-token inputs."""
+    module = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    inner, seen = module.apply_rotary_pos_emb, []
+
+    def spy(q, k, cos, sin, *args, **kwargs):
+        out = inner(q, k, cos, sin, *args, **kwargs)
+        seen.append(((q, out[0]), (k, out[1])))
+        return out
+
+    config = model.config
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    angle = position * config.rope_parameters["rope_theta"] ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = angle.cos().repeat(2), angle.sin().repeat(2)
+    worst = 0.0
+    module.apply_rotary_pos_emb = spy
+    try:
+        for token in range(0, 128, 9):
+            seen.clear()
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[position]]))
+            for x, turned in seen[0]:
+                x = x.double()
+                exact = x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+                worst = max(worst, float(((turned.double() - exact).norm(dim=-1) / exact.norm(dim=-1)).max()))
+    finally:
+        module.apply_rotary_pos_emb = inner
+    return worst
+
+
+def inv_freq_rounded_by_to(model_type: str) -> str:
+    """``Module.to(torch.float16)``, as ``model.half()`` and attnlab's dtype copy do, rounds the rotary ``inv_freq``
+    buffer to float16 (transformers #25681), so at position 127 the model's rotation is off a float64 rotation of
+    its own float16 inputs by tens of u; the same model built at float16 (inv_freq stays float32, as
+    ``from_pretrained(dtype=...)`` keeps it) rotates to within 2 u."""
+    mt = by_name()[model_type]
+    config = build_config(mt.name, mt.class_name, ROUNDED_INV_FREQ[model_type])
+    cls = getattr(transformers, mt.class_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        cast = cls._from_config(config, dtype=torch.float32).eval().to(torch.float16)
+        torch.manual_seed(0)
+        built = cls._from_config(config, dtype=torch.float16).eval()
+    u = torch.finfo(torch.float16).eps / 2
+    rounded, kept = _rotation_error(cast) / u, _rotation_error(built) / u
+    assert rounded > 16 and kept < 2, (rounded, kept)
+    return (f"{model_type}, float16 at position 127: rotation error {rounded:.1f} u after .to(float16) "
+            f"(inv_freq {cast.model.rotary_emb.inv_freq.dtype}), {kept:.1f} u built at float16 "
+            f"(inv_freq {built.model.rotary_emb.inv_freq.dtype})")
+
+
+WITNESSES = {f.__name__: f for f in (longrope_cached_step_differs, falcon_alibi_added_twice, inv_freq_rounded_by_to)}
