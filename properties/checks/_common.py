@@ -18,13 +18,14 @@ tolerances, used only for a model no float64 twin can be made of:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from properties.strategies import position_offsets, token_batches
+from properties.strategies import padded_batches, position_offsets, token_batches
 
 LOGIT_RTOL = 1e-4
 LOGIT_RULE = "relative to max(1, max|logit|): float32 kernels and summation orders differ by ~1e-7..1e-6"
@@ -58,8 +59,36 @@ def where_max(t: Tensor) -> tuple[int, ...]:
     return tuple(int(i) for i in (t == t.max()).nonzero()[0])
 
 
+def kept(err: Tensor, keep: Tensor) -> Tensor:
+    """``err`` with NaN read as an infinite deviation and the entries outside ``keep`` (broadcast) exempt (0)."""
+    return err.nan_to_num(nan=math.inf).where(keep, err.new_zeros(()))
+
+
+def worse(err: Tensor, kept_so_far: tuple[float, str], say: Callable[..., str]) -> tuple[float, str]:
+    """The worst deviation and where it is, after ``err`` (NaN-free): ``kept_so_far`` unless ``err`` beats it, else
+    its largest entry and ``say(value, *index)`` (the index of that entry), the step of every check that keeps the
+    worst deviation and names where it is."""
+    top = float(err.max())
+    return (top, say(top, *where_max(err))) if top > kept_so_far[0] else kept_so_far
+
+
 def fmt(x: float) -> str:
     return f"{x:.3g}"
+
+
+def masked_inputs(d_vocab: int, n: int):
+    """``(tokens, mask)`` of up to ``n`` positions: unpadded rows (mask None) or, from ``n = 2``, rows padded on
+    either side, each with one pad at least; shrinks towards one unpadded row of zeros."""
+    inputs = [token_batches(d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))]
+    if n >= 2:
+        padded = padded_batches(d_vocab, max_len=max(1, n // 2), max_pad=max(1, n - n // 2))
+        inputs.append(padded.map(lambda p: (p.tokens, p.mask)))
+    return st.one_of(*inputs)
+
+
+def real_positions(x: Tensor, mask: Any) -> Tensor:
+    """bool ``[batch, pos]``: the real (unpadded) positions of ``x`` under ``mask`` (all when None)."""
+    return mask.bool() if mask is not None else torch.ones(x.shape, dtype=torch.bool)
 
 
 def tokens_and_offset(cfg: Any, min_offset: int, max_offset: int, max_batch: int = 2, min_len: int = 1):

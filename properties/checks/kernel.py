@@ -15,15 +15,13 @@ model's dtype: two float32 evaluations of a <= 24-term weighted sum differ by ~n
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
 
 from harness.adapters.protocol import all_heads
-from properties.checks._common import fmt, max_len, where_max
+from properties.checks._common import fmt, kept, masked_inputs, max_len, real_positions, worse
 from properties.design import model_dtype, windows
 from properties.precision import forward_capture
 from properties.registry import Case, Plan, model_property
 from properties.search import masked_text
-from properties.strategies import padded_batches, token_batches
 
 
 def tolerance_for(dtype: torch.dtype) -> float:
@@ -41,16 +39,12 @@ def kernel_consistency(case: Case) -> Plan:
     names = {layer: list(case.hooks[3 * layer: 3 * layer + 3]) for layer in range(cfg.n_layers)}
     window = min((w for w in windows(cfg) if w is not None), default=None)
     n = max_len(cfg, cap=max(8, (window or 0) + 3))  # past the smallest window, so its edge is exercised
-    inputs = [token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))]
-    if n >= 2:
-        padded = padded_batches(cfg.d_vocab, max_len=max(1, n // 2), max_pad=max(1, n - n // 2))
-        inputs.append(padded.map(lambda p: (p.tokens, p.mask)))
-    strategy = st.one_of(*inputs)
+    strategy = masked_inputs(cfg.d_vocab, n)
 
     def measure(example):
         x, mask = example
         _, acts = forward_capture(model, x, attention_mask=mask, capture=[nm for v in names.values() for nm in v])
-        real = mask.bool() if mask is not None else torch.ones(x.shape, dtype=torch.bool)
+        real = real_positions(x, mask)
         worst, where = 0.0, "kernel output equals pattern . V"
         for layer, (pn, vn, zn) in names.items():
             p = acts[pn].double()  # [batch, n_heads, q, k]
@@ -58,13 +52,10 @@ def kernel_consistency(case: Case) -> Plan:
             z = acts[zn].double()  # [batch, q, n_heads, d_head]
             expected = torch.einsum("bhqk,bkhd->bqhd", p, v)
             scale = max(1.0, float(v.abs().max()))
-            err = ((z - expected).abs().amax(-1) / scale).nan_to_num(nan=float("inf"))  # [batch, q, n_heads]
-            err = err.where(real[:, :, None], err.new_zeros(()))
-            if float(err.max()) > worst:
-                worst = float(err.max())
-                b, i, h = where_max(err)
-                where = (f"layer {layer} head {h} query {i} (row {b}): kernel output differs from pattern . V by "
-                         f"{fmt(worst)} (|v| up to {fmt(scale)})")
+            err = kept((z - expected).abs().amax(-1) / scale, real[:, :, None])  # [batch, q, n_heads]
+            worst, where = worse(err, (worst, where), lambda top, b, i, h, layer=layer, scale=scale: (
+                f"layer {layer} head {h} query {i} (row {b}): kernel output differs from pattern . V by "
+                f"{fmt(top)} (|v| up to {fmt(scale)})"))
         return worst, where
 
     return Plan(strategy, measure, masked_text)

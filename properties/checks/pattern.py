@@ -19,14 +19,12 @@ mass scales it by ``exp(lse* - lse) <= 1``), so the same tolerance holds.
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
 
-from properties.checks._common import fmt, max_len, where_max
+from properties.checks._common import fmt, kept, masked_inputs, max_len, real_positions, worse
 from properties.design import attention_sinks
 from properties.precision import forward_capture
 from properties.registry import Case, Plan, model_property
 from properties.search import masked_text
-from properties.strategies import padded_batches, token_batches
 
 TOLERANCE = 1e-5
 
@@ -41,29 +39,21 @@ def pattern_distribution(case: Case) -> Plan:
     scores = {layer: f"blocks.{layer}.attn.hook_attn_scores" for layer, sink in enumerate(sinks) if sink}
     scores = {layer: nm for layer, nm in scores.items() if nm in case.observed}
     n = max_len(cfg)
-    unpadded = token_batches(cfg.d_vocab, max_batch=2, max_len=n).map(lambda x: (x, None))
-    strategies = [unpadded]
-    if n >= 2:
-        padded = padded_batches(cfg.d_vocab, max_len=max(1, n // 2), max_pad=max(1, n - n // 2))
-        strategies.append(padded.map(lambda p: (p.tokens, p.mask)))
-    strategy = st.one_of(*strategies)
+    strategy = masked_inputs(cfg.d_vocab, n)
 
     def measure(example):
         x, mask = example
         _, acts = forward_capture(model, x, attention_mask=mask, capture=names + list(scores.values()))
-        real = mask.bool() if mask is not None else x.new_ones(x.shape, dtype=bool)
+        real = real_positions(x, mask)
         worst, where = 0.0, "every row is a distribution"
         for layer, name in enumerate(names):
             p = acts[name].double()  # [batch, n_heads, q, k]
             row_err = (p.sum(-1) - 1).abs() if not sinks[layer] else sink_error(p, acts.get(scores.get(layer)), real)
             neg = (-p).clamp(min=0).amax(-1)
-            err = row_err.maximum(neg).nan_to_num(nan=float("inf"))
-            err = err.where(real[:, None, :], err.new_zeros(()))  # padded queries are exempt
-            if float(err.max()) > worst:
-                worst = float(err.max())
-                b, h, q = where_max(err)
-                where = (f"layer {layer} head {h} query {q} (row {b}): row sums to {fmt(float(p[b, h, q].sum()))}, "
-                         f"min weight {fmt(float(p[b, h, q].min()))}")
+            err = kept(row_err.maximum(neg), real[:, None, :])  # padded queries are exempt
+            worst, where = worse(err, (worst, where), lambda top, b, h, q, layer=layer, p=p: (
+                f"layer {layer} head {h} query {q} (row {b}): row sums to {fmt(float(p[b, h, q].sum()))}, "
+                f"min weight {fmt(float(p[b, h, q].min()))}"))
         return worst, where
 
     return Plan(strategy, measure, masked_text)

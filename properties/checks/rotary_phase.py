@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 from hypothesis import strategies as st
 
-from properties.checks._common import fmt, max_len, where_max
+from properties.checks._common import fmt, max_len, worse
 from properties.design import first_rotary_layer, rotary_design, rotary_hooks, rotary_span, unit_roundoff
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, hook_gap, model_property
@@ -99,11 +99,9 @@ def rotary_precision(case: Case) -> Plan:
             r0, rp = at0[nm].double(), atp[nm].double()  # [batch, pos, heads, d_head]
             ref = rotate(r0, offset, dim, style, base, first, direction)
             err = ((rp - ref).norm(dim=-1) / r0.norm(dim=-1).clamp(min=1e-30)) / allow
-            if float(err.max()) > worst:
-                worst = float(err.max())
-                b, i, h = where_max(err)
-                where = (f"layer {layer} {nm.split('.')[-1]} head {h} position {offset + i} (row {b}): relative error "
-                         f"{fmt(worst * allow)} vs a float64 rotation, allowed {fmt(allow)} in {dtype}")
+            worst, where = worse(err, (worst, where), lambda top, b, i, h, nm=nm: (
+                f"layer {layer} {nm.split('.')[-1]} head {h} position {offset + i} (row {b}): relative error "
+                f"{fmt(top * allow)} vs a float64 rotation, allowed {fmt(allow)} in {dtype}"))
         q0, k0 = at0[names[0]].double(), at0[names[1]].double()
         qp, kp = atp[names[0]].double(), atp[names[1]].double()
         heads = q0.shape[2] // k0.shape[2]
@@ -111,11 +109,9 @@ def rotary_precision(case: Case) -> Plan:
         s0, sp = torch.einsum("bqhd,bkhd->bhqk", q0, k0), torch.einsum("bqhd,bkhd->bhqk", qp, kp)
         size = torch.einsum("bqh,bkh->bhqk", q0.norm(dim=-1), k0.norm(dim=-1)).clamp(min=1e-30)
         rel = ((sp - s0).abs() / size) / (2 * allow)
-        if float(rel.max()) > worst:
-            worst = float(rel.max())
-            b, h, i, j = where_max(rel)
-            where = (f"layer {layer} head {h} (row {b}): score <rot_q {i}, rot_k {j}> changes by "
-                     f"{fmt(worst * 2 * allow)} of |q||k| between offset 0 and {offset} (allowed {fmt(2 * allow)})")
+        worst, where = worse(rel, (worst, where), lambda top, b, h, i, j: (
+            f"layer {layer} head {h} (row {b}): score <rot_q {i}, rot_k {j}> changes by "
+            f"{fmt(top * 2 * allow)} of |q||k| between offset 0 and {offset} (allowed {fmt(2 * allow)})"))
         return worst, where
 
     return Plan(strategy(), measure, offset_text)

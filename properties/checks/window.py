@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import torch
 
-from properties.checks._common import MAX_LEN, fmt, where_max
+from properties.checks._common import MAX_LEN, fmt, worse
 from properties.design import windows
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
@@ -92,11 +92,9 @@ def sliding_window(case: Case) -> Plan:
                 b, h, i, j = (int(t) for t in missing.nonzero()[0])
                 where = (f"layer {layer} head {h} (row {b}): query {i} puts weight 0 on key {j}, "
                          f"which the window w={w} admits (expected keys {_span(i, n, w, causal)})")
-            if float(leak.max()) > worst:
-                worst = float(leak.max())
-                b, h, i, j = where_max(leak)
-                where = (f"layer {layer} head {h} (row {b}): query {i} puts weight {fmt(worst)} on key {j} "
-                         f"(distance {i - j}), outside the window w={w} (expected keys {_span(i, n, w, causal)})")
+            worst, where = worse(leak, (worst, where), lambda top, b, h, i, j, layer=layer, w=w: (
+                f"layer {layer} head {h} (row {b}): query {i} puts weight {fmt(top)} on key {j} "
+                f"(distance {i - j}), outside the window w={w} (expected keys {_span(i, n, w, causal)})"))
         return worst, where
 
     return Plan(strategy, measure, tokens=longest if longest > MAX_WINDOW_LEN else 0)
