@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from harness import load_run
 from reports import options
-from reports.cli import cli
+from reports.cli import cli, verdict_table
 from tests.helpers.cli_run import TINY, assert_one_line_error, copy_run, invoke
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,3 +331,14 @@ def test_console_script_errors_are_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     version = invoke(["--version"])
     assert version.exit_code == 0 and version.stdout.startswith("attnlab, version")
+
+
+def test_the_printed_table_shows_each_figure_that_decides_a_verdict():
+    # a column of mixed magnitudes prints in fixed point under pandas (3e-08 as 0.000000): every figure to 3 digits
+    shown = pd.DataFrame({"property": ["pattern_distribution", "causal_pattern", "alibi_slopes"],
+                          "result": ["FAIL", "pass", "n/a"], "worst": [2.98e-08, 0.0, float("nan")],
+                          "allowance": [3.64e-12, 0.0, float("nan")], "ratio": [8192.0, 0.0, float("nan")],
+                          "counterexample": ["tokens=[[0, 0, 0]]", "", ""]})
+    text = verdict_table(shown).to_string(index=False)
+    assert "2.98e-08" in text and "3.64e-12" in text and "8.19e+03" in text
+    assert "0.000000" not in text and "nan" not in text
