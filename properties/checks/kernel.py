@@ -15,13 +15,16 @@ model's dtype: two float32 evaluations of a <= 24-term weighted sum differ by ~n
 from __future__ import annotations
 
 import torch
+from hypothesis import strategies as st
 
 from harness.adapters.protocol import all_heads
-from properties.checks._common import fmt, kept, masked_inputs, max_len, real_positions, worse
+from properties.checks._common import MAX_LEN, fmt, kept, masked_inputs, max_len, real_positions, worse
+from properties.checks.window import MAX_WINDOW_LEN
 from properties.design import model_dtype, windows
 from properties.precision import forward_capture
 from properties.registry import Case, Plan, model_property
 from properties.search import masked_text
+from properties.strategies import long_token_batches
 
 
 def tolerance_for(dtype: torch.dtype) -> float:
@@ -39,7 +42,13 @@ def kernel_consistency(case: Case) -> Plan:
     names = {layer: list(case.hooks[3 * layer: 3 * layer + 3]) for layer in range(cfg.n_layers)}
     window = min((w for w in windows(cfg) if w is not None), default=None)
     n = max_len(cfg, cap=max(8, (window or 0) + 3))  # past the smallest window, so its edge is exercised
-    strategy = masked_inputs(cfg.d_vocab, n)
+    strategy, tokens = masked_inputs(cfg.d_vocab, n), 0
+    if n > MAX_WINDOW_LEN:
+        # a long window (Gemma-2's 4096): one row past its edge comes first (the simplest input, so the row's first
+        # example, whatever its budget), priced by its patterns; masked inputs stay short (hypothesis draws them
+        # token by token, and a padded pass costs what an unpadded one does)
+        strategy, tokens = st.one_of(long_token_batches(cfg.d_vocab, n).map(lambda x: (x, None)),
+                                     masked_inputs(cfg.d_vocab, MAX_LEN)), n
 
     def measure(example):
         x, mask = example
@@ -58,4 +67,4 @@ def kernel_consistency(case: Case) -> Plan:
                 f"{fmt(top)} (|v| up to {fmt(scale)})"))
         return worst, where
 
-    return Plan(strategy, measure, masked_text)
+    return Plan(strategy, measure, masked_text, tokens=tokens)
