@@ -60,8 +60,8 @@ def _describe_prompt(x, mask) -> str:
     return f"prompt={x.tolist()}" + ("" if mask is None else f" mask={mask.tolist()}")
 
 
-def _recomputed(model: Any, tokens: torch.Tensor, mask: Optional[torch.Tensor], steps: int) -> torch.Tensor:
-    """The full forward's logits ``[batch, steps, d_vocab]`` at the last ``steps`` positions of ``tokens``.
+def _recomputed(model: Any, tokens: torch.Tensor, mask: Optional[torch.Tensor], cached: torch.Tensor) -> torch.Tensor:
+    """The full forward's logits at the positions of ``cached`` ``[batch, steps, d_vocab]``, the last of ``tokens``.
 
     A left-padded prompt's row is recomputed alone, without its padding: under the protocol its
     tokens keep their positions (a position counts the real tokens before it), so in exact arithmetic
@@ -71,8 +71,15 @@ def _recomputed(model: Any, tokens: torch.Tensor, mask: Optional[torch.Tensor], 
     (the row alone) to 0.13 (allowance 0.51), under which a decoding step numbered one position too
     high (0.27 of the logits' scale) passed (docs/precision.md, "Detection power").
     """
+    steps = cached.shape[1]
     if mask is None or bool(mask.all()):
         return forward_capture(model, tokens)[0][:, -steps:]
+    if not bool(torch.isfinite(cached).all()):
+        # a padded prompt whose decoding went non-finite: the padded pass shows whether the padding itself
+        # does (an all-masked row: finite_outputs' finding, this row then "not comparable"), which the rows
+        # alone cannot
+        full_mask = torch.cat((mask, mask.new_ones(mask.shape[0], tokens.shape[1] - mask.shape[1])), 1)
+        forward_capture(model, tokens, attention_mask=full_mask)
     rows = []
     for row, real in zip(tokens, mask.bool(), strict=True):
         keep = torch.cat((real, real.new_ones(tokens.shape[1] - real.shape[0])))
@@ -127,7 +134,7 @@ def _through_cache(model, cfg, n: int, new_max: int) -> Plan:
                 outs.append(step)
         cached = torch.cat([o.detach().to("cpu", torch.float64) for o in outs], 1)
         tokens = torch.cat([x] + [x.new_tensor(c) for c in chunks], 1)
-        dev, idx = scaled_deviation(cached, _recomputed(model, tokens, mask, cached.shape[1]))
+        dev, idx = scaled_deviation(cached, _recomputed(model, tokens, mask, cached))
         return dev, (f"cached logits differ from a full recompute by {fmt(dev)} at (row, step, vocab)={idx} "
                      f"(step 0 = the prompt's last token)")
 
@@ -150,7 +157,7 @@ def _through_generate(model, cfg, n: int, new_max: int) -> Plan:
                                     attention_mask=None if mask is None else mask.to(device),
                                     return_logits=True, **kwargs)
         out, steps = out.cpu(), steps.cpu().double()
-        dev, idx = scaled_deviation(steps, _recomputed(model, out[:, : x.shape[1] + n_new - 1], mask, n_new))
+        dev, idx = scaled_deviation(steps, _recomputed(model, out[:, : x.shape[1] + n_new - 1], mask, steps))
         return dev, f"cached logits differ from a full recompute by {fmt(dev)} at (row, step, vocab)={idx}"
 
     def describe(example):
