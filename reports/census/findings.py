@@ -101,7 +101,7 @@ _INV_FREQ = ("At float16 and bfloat16 the census checks a copy cast by Module.to
              "position 127 in float16; 1.1 u for the same model built at float16, whose inv_freq stays float32, as "
              "from_pretrained(dtype=...) keeps it). Which configs cross the allowance depends on the head size.")
 # the types whose drawn configs failed rotary_precision at a low precision, each witnessed on its minimal config
-ROUNDED_INV_FREQ = ("qwen3_moe",)
+ROUNDED_INV_FREQ = ("granitemoe", "qwen3_moe")
 LONGROPE_CACHE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi", "gpt_neox", "falcon", "starcoder2",
                   "cohere", "cohere2", "olmo", "olmo2", "stablelm", "qwen2_moe", "deepseek_v3", "glm", "glm4",
                   "granite", "exaone", "exaone4", "qwen3_moe", "persimmon", "olmoe", "granitemoe", "smollm3", "jetmoe")

@@ -60,8 +60,13 @@ def failures_markdown(rows: list[Row]) -> str:
 
 
 def variant_findings_markdown() -> str:
-    lines = [f"- **{f.model_type}, `{f.prop}`**, when {f.when_doc}: {f.summary} Witness: "
-             f"`tests/helpers/census_variant_witness.py::{f.witness}`." for f in VARIANT_FINDINGS]
+    """One entry per finding shared by several model types (LongRoPE's is one design on 28 decoders)."""
+    groups: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
+    for f in VARIANT_FINDINGS:
+        groups[(f.prop, f.when_doc, f.summary, f.witness)].append(f.model_type)
+    lines = [f"- **`{prop}`** on {', '.join(sorted(types))}, when {when}: {summary} Witness: "
+             f"`tests/helpers/census_variant_witness.py::{witness}`."
+             for (prop, when, summary, witness), types in groups.items()]
     return "\n".join(lines) if lines else "None."
 
 
@@ -72,13 +77,17 @@ def section(rows: list[Row], version: str, meta: dict[str, Any]) -> str:
                f"{len(rows)} checks: " + ", ".join(f"{c} {counts[c]}" for c in CATEGORIES if counts[c]) + ".")
     return "\n".join([
         BEGIN, "", "## Configuration variants", "",
-        f"`attnlab census --variants {meta['variants']} --seed {meta['seed']} --write-docs` draws "
-        f"{meta['variants']} configs per model type (transformers {version}) with a hypothesis strategy over the "
+        f"`attnlab census --variants {meta['variants']} --seed {meta['seed']} "
+        + "".join(f"--dtype {d} " for d in meta["dtypes"])
+        + f"--dtype-variants {meta.get('dtype_variants', meta['variants'])} --write-docs` (`nox -s census_variants`) "
+        f"draws {meta['variants']} configs per model type (transformers {version}) with a hypothesis strategy over the "
         "fields of each type's own config class, starting from the census's shrunk config "
         "(`reports/census/variants.py`: rope types and their parameters, layer types, windows, head counts and "
         "head sizes, grouped and multi-query K/V, q/k norm, soft caps, biases, norms, parallel residual, tied "
         "and projected embeddings, special token ids), and checks each as the census does at "
-        f"{', '.join(meta['dtypes'])} (`reports/census/variants_run.py`; `config refused`: transformers itself "
+        f"{meta['dtypes'][0]}, the first {meta.get('dtype_variants', meta['variants'])} of each type also at "
+        f"{', '.join(meta['dtypes'][1:]) or 'no other dtype'} (`reports/census/variants_run.py`; `config refused`: "
+        "transformers itself "
         "raises on the drawn config). A failure is shrunk to a minimal failing config by a greedy "
         "field-by-field reset to the shrunk default. " + str(meta.get("wall", "")), "",
         summary, "", table_markdown(rows), "", "### Failures and their minimal configs", "",
@@ -96,4 +105,8 @@ def write_docs(rows: list[Row], doc: Path, version: str, meta: dict[str, Any]) -
         text = text.rstrip("\n") + "\n\n" + body + "\n"
     doc.write_text(text)
     stored = {"transformers": version, **meta, "rows": [r.to_json() for r in rows]}
-    (doc.parent / RESULTS).write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    # one row a line: ~1,300 rows stay diffable at half the size of an indented dump
+    lines = [json.dumps({k: v for k, v in stored.items() if k != "rows"}, sort_keys=True)[:-1] + ', "rows": [']
+    lines += [json.dumps(r, sort_keys=True) + ("," if i < len(stored["rows"]) - 1 else "")
+              for i, r in enumerate(stored["rows"])]
+    (doc.parent / RESULTS).write_text("\n".join(lines) + "\n]}\n")

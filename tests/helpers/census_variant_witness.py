@@ -100,7 +100,8 @@ def falcon_alibi_added_twice(model_type: str = "falcon") -> str:
 
 
 # the smallest drawn config of each type whose float16 rotary_precision row failed (docs/census_variants.json)
-ROUNDED_INV_FREQ = {"qwen3_moe": {"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": 3}}
+ROUNDED_INV_FREQ = {"granitemoe": {"num_attention_heads": 2, "num_key_value_heads": 1},
+                    "qwen3_moe": {"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": 3}}
 
 
 def _rotation_error(model: Any, position: int = 127) -> float:
