@@ -61,7 +61,8 @@ def test_uniform_rows_of_a_float32_softmax_are_not_a_false_alarm():
     assert row.status == "pass" and row.allowance > 0 and row.ratio <= 1
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow),
+                                   pytest.param(torch.float16, marks=pytest.mark.slow)])
 def test_a_glm_with_special_ids_in_the_vocabulary_is_clean(dtype):
     frame = check_model(_glm(dtype), seed=0)
     failed = frame[frame.status == "fail"]
