@@ -2,9 +2,10 @@
 
 Seeded, with fixed example counts, so the same code gives the same verdicts: a difference means a check,
 an allowance or a planted bug changed, and docs/precision.md's "Detection power" section is then
-regenerated with ``python -m reports.power --write-docs``. SmolLM2 comes from the converted cache of
-tests/helpers/checkpoints.py (skipped, naming the package, where it is not installed); ~15 min on two
-loaded cores, most of it SmolLM2's 30 layers.
+regenerated with ``python -m reports.power --write-docs``. Every family is re-run on the tiny models; on
+SmolLM2 (30 layers a pass: the whole table takes ~20 min on two loaded cores) the families of the realistic
+bugs it must catch (:data:`SMOLLM2_FAMILIES`): 202 s in all on two loaded cores. SmolLM2 comes from the
+converted cache of tests/helpers/checkpoints.py (skipped, naming the package, where it is not installed).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tests.helpers.checkpoints import converted
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_FAMILIES = ("decode_offset", "window_wider", "scale_error")
 
 
 def _key(record):
@@ -33,12 +35,14 @@ def stored():
 
 @pytest.fixture(scope="module")
 def remeasured():
-    return {_key(r): r for r in summary(measure(subjects(converted(SMOLLM2))))}
+    tiny, smollm2 = subjects()[:2], subjects(converted(SMOLLM2))[2]
+    cells = measure(tiny) + measure([smollm2], families=SMOLLM2_FAMILIES)
+    return {_key(r): r for r in summary(cells)}
 
 
 def test_the_measurement_reproduces_the_stored_table(stored, remeasured):
-    assert set(remeasured) == set(stored)
-    changed = {k: (stored[k]["sizes"], remeasured[k]["sizes"]) for k in stored
+    assert set(remeasured) <= set(stored)
+    changed = {k: (stored[k]["sizes"], remeasured[k]["sizes"]) for k in remeasured
                if (stored[k]["control"], stored[k]["caught_at"], stored[k]["sizes"])
                != (remeasured[k]["control"], remeasured[k]["caught_at"], remeasured[k]["sizes"])}
     assert not changed, changed
