@@ -16,6 +16,7 @@ import pytest
 
 from reports import defaults, pipeline
 from reports.census import command as census_command
+from reports.census import variants_command
 from reports.cli import cli
 from reports.heal import heal
 
@@ -34,6 +35,9 @@ CLI_ONLY = {
     ("demo", "out_dir"): defaults.DEMO_OUT,
     ("probe", "seed"): defaults.SEED,  # read by reports.external (--hf random weights, --task batch)
     ("bench", "device"): defaults.BENCH_DEVICE,
+    # census's --variants options, taken by the variants run rather than the census function the table names
+    ("census", "seed"): inspect.signature(variants_command.run).parameters["seed"].default,
+    ("census", "dtypes"): inspect.signature(variants_command.run).parameters["dtypes"].default,
 }
 
 

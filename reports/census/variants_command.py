@@ -50,7 +50,7 @@ def jobs(types: list[ModelType], n: int, seed: int, dtypes: tuple[str, ...],
          dtype_variants: Optional[int] = None) -> list[Job]:
     """``n`` drawn configs of each type (variants.draw), each at ``dtypes[0]``; the first ``dtype_variants`` of them
     (all when None) also at the other dtypes."""
-    out = []
+    out: list[Job] = []
     for mt in types:
         for i, changes in enumerate(draw(mt.name, mt.class_name, n, seed)):
             at = dtypes if dtype_variants is None or i < dtype_variants else dtypes[:1]

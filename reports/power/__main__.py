@@ -1,6 +1,6 @@
 """``python -m reports.power [--write-docs]``: measure detection power and print (or write) the table.
 
-Runs on one thread (tiny tensors; a fixed summation order), ~15 min for all three models and dtypes on
+Runs on one thread (tiny tensors; a fixed summation order), ~20 min for all three models and dtypes on
 two loaded cores, most of it SmolLM2 (skipped, with the reason, where its package is not installed).
 """
 

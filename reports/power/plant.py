@@ -110,18 +110,20 @@ def _plant_ours(model: Transformer, fam: Family, size: float) -> Transformer:
                            "no sliding_window field")
     if fam.name == "scale_error":
         for block in model.blocks:
-            block.attn.scale = block.attn.scale * (1.0 + size)
+            attn: Any = block.attn
+            attn.scale = attn.scale * (1.0 + size)
         return model
     if fam.name in INPUT_BUGS:
         _rotary_for(fam.name, cfg.positional_embedding_type)
         for block in model.blocks:
-            block.attn._planted = (fam.name, size)
-            _swap(block.attn, _PlantedInputOurs)
+            planted: Any = block.attn
+            planted._planted = (fam.name, size)
+            _swap(planted, _PlantedInputOurs)
         return model
     if fam.name == "decode_offset" and cfg.positional_embedding_type not in ("rotary", "standard", "sinusoidal"):
         raise AttnlabError(f"decode_offset needs positions: positional_embedding_type="
                            f"{cfg.positional_embedding_type!r}")
-    model._planted = (fam.name, size)
+    setattr(model, "_planted", (fam.name, size))  # noqa: B010 (an nn.Module attribute mypy types as a submodule)
     _swap(model, _PlantedContext)
     return model
 
@@ -163,7 +165,8 @@ def _input_bug(name: str, size: float, x: Tensor, cos: Optional[Tensor]) -> Tens
         return x
     if name == "batch_leak":
         return x + size * (x.roll(1, 0) - x)
-    table = cast(Tensor, cos).reshape(cos.shape[0], cos.shape[1], -1)  # [batch|1, pos, d_head]
+    given = cast(Tensor, cos)
+    table = given.reshape(given.shape[0], given.shape[1], -1)  # [batch|1, pos, d_head]
     reps = -(-x.shape[-1] // table.shape[-1])
     return x + size * table.repeat(1, 1, reps)[..., : x.shape[-1]].to(x.dtype)
 
@@ -199,11 +202,12 @@ def _layers(model: nn.Module) -> list[nn.Module]:
 def _plant_hf(model: nn.Module, fam: Family, size: float) -> nn.Module:
     layers = _layers(model)
     if fam.name == "decode_offset":
-        model.model._planted = (fam.name, size)
-        _swap(model.model, _PlantedDecoder)
+        decoder: Any = model.model
+        decoder._planted = (fam.name, size)
+        _swap(decoder, _PlantedDecoder)
         return model
     for layer in layers:
-        attn = layer.self_attn
+        attn: Any = layer.self_attn
         attn._planted = (fam.name, size)
         if fam.name == "window_wider":
             attn.sliding_window = WINDOW  # what the module declares (harness/adapters/hf_design.py reads it)

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -72,8 +72,9 @@ class _Folder:
             gguf = smollm2_gguf()
             self._tmp = tempfile.TemporaryDirectory(prefix="attnlab-smollm2-")
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            if getattr(model, "hf_quantizer", None) is not None:  # dequantized already: save plain weights
-                model.hf_quantizer.remove_quantization_config(model)
+            quantizer: Any = getattr(model, "hf_quantizer", None)
+            if quantizer is not None:  # dequantized already: save plain weights
+                quantizer.remove_quantization_config(model)
             model.save_pretrained(self._tmp.name)
             self.folder = Path(self._tmp.name)
         return self.folder
