@@ -405,11 +405,10 @@ class HFAdapter(HookedRootModule):
         turned = tuple(tap.rotations > 0 for tap in self._taps)
         if any(turned) and not all(turned):
             self._cfg = dataclasses.replace(self._cfg, rotary_layers=turned)
-        elif (not any(turned) and all(tap.entered for tap in self._taps)
-              and (self._cfg.rotary_dim or self._cfg.d_head) == self._cfg.d_head
+        elif (all(tap.entered and not tap.rotary_calls for tap in self._taps)
               and calls(sys.modules.get(type(self._attns[0]).__module__), "apply_rotary_pos_emb")):
-            # judged only where every layer ran under the adapter and rotates whole heads (GPT-J's partial
-            # rotary_dim is not counted on whole heads)
+            # every layer ran under the adapter and none called the rotary function at all (a partial slice, GPT-J's
+            # rotary_dim, or another head size, Gemma 4's global layers, still calls it)
             self._cfg = dataclasses.replace(self._cfg, positional_embedding_type="none", rotary_dim=None,
                                             rotary_style=None, rotary_base=None, rotary_offset=None,
                                             rotary_direction=None, rope_type=None)

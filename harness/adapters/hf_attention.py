@@ -51,6 +51,7 @@ class LayerTap:
     explicit_calls: int = 0  # how often the explicit scores were computed (tests: idle hooks stay on the kernel)
     rotations: int = 0  # how often this layer's apply_rotary_pos_emb ran on whole heads (DesignFacts.rotary_layers)
     entered: int = 0  # how often this layer's attention module ran under the adapter (its rotations were watched)
+    rotary_calls: int = 0  # how often apply_rotary_pos_emb ran in it at all (any slice or head size)
 
     def active(self, name: str) -> bool:
         return active(self.points[name])
@@ -187,6 +188,8 @@ class RotaryTap:
 
     def __call__(self, q: Tensor, k: Tensor, *args: Any, **kwargs: Any) -> Any:
         tap = CURRENT.get()
+        if tap is not None:
+            tap.rotary_calls += 1
         if tap is None or q.shape[-1] != tap.d_head:
             return self.inner(q, k, *args, **kwargs)
         tap.rotations += 1

@@ -32,6 +32,10 @@ _FALCON = ("Falcon (no ALiBi) under sdpa with output_attentions=True takes its e
 _POSITIONS = ("its causal-LM forward takes no position_ids and numbers learned positions by index, so a masked "
               "left pad moves every real token one position on (the mask itself works: the pad's id changes "
               "nothing); left-padded batches give other logits than the unpadded prompt.")
+_POSITIONS_CACHED = ("its causal-LM forward takes no position_ids and numbers learned positions by index, so cached "
+                     "decoding of a masked left-padded prompt runs every real token one position on from the "
+                     "unpadded prompt: its logits differ from the unpadded recompute (the padding_outputs finding, "
+                     "met through the cache).")
 _LEAK = ("a masked pad's token id reaches the real tokens (MobileBERT's trigram input convolution, ConvBERT's span "
          "convolution, YOSO's hashed attention): the pad is not fully masked.")
 _MOSHI = ("MoshiConfig declares sliding_window (3000 by default, 'Sliding window attention window size'), but "
@@ -58,6 +62,10 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("falcon", "causal_pattern", _FALCON, "falcon_census"),
     Finding("falcon", "padding_pattern", _FALCON, "falcon_census"),
     *(Finding(t, "padding_outputs", _POSITIONS, "left_padding_moves_positions") for t in LEFT_PAD_MOVES),
+    # the same numbering under a cache: a left-padded prompt decodes at positions one on from the unpadded prompt's
+    # (kv_cache recomputes a padded row without its padding); ProphetNet's kv_cache row is its own finding below
+    *(Finding(t, "kv_cache", _POSITIONS_CACHED, "left_padding_moves_positions")
+      for t in LEFT_PAD_MOVES if t != "prophetnet"),
     *(Finding(t, "padding_outputs", _LEAK, "padding_leaks_into_real_tokens") for t in PAD_LEAKS),
     Finding("moshi", "sliding_window", _MOSHI, "window_ignored"),
     Finding("prophetnet", "kv_cache", _LENGTH, "logits_depend_on_length"),
