@@ -217,6 +217,23 @@ class RotaryTap:
         return out if head_first else out.transpose(1, 2)
 
 
+def _hub_wrapped(fn: Any) -> Any:
+    """The plain function behind a hub-kernel wrapper, else ``fn``.
+
+    With the ``kernels`` package installed, transformers' ``use_kernel_forward_from_hub`` turns a modeling
+    module's ``apply_rotary_pos_emb`` into an ``nn.Module`` whose ``forward(*args, **kwargs)`` calls the original
+    (kept in its closure as ``func``) unless a hub kernel was selected. Its own signature says nothing, so the
+    (q, k, ...) test reads the original's; the tap still calls the wrapper, so a selected kernel keeps running.
+    """
+    forward = getattr(type(fn), "forward", None)
+    code, cells = getattr(forward, "__code__", None), getattr(forward, "__closure__", None)
+    if isinstance(fn, nn.Module) and code is not None and cells and "func" in code.co_freevars:
+        inner = cells[code.co_freevars.index("func")].cell_contents
+        if callable(inner):
+            return inner
+    return fn
+
+
 def install_rotary_tap(attn: nn.Module) -> bool:
     """Wrap the rotary function of ``attn``'s modeling module once; False if it has no (q, k, ...) rotary function."""
     module = sys.modules.get(type(attn).__module__)
@@ -226,7 +243,7 @@ def install_rotary_tap(attn: nn.Module) -> bool:
     if module is None or not callable(fn):
         return False
     try:
-        names = list(inspect.signature(fn).parameters)[:2]
+        names = list(inspect.signature(_hub_wrapped(fn)).parameters)[:2]
     except (TypeError, ValueError):
         return False
     if names != ["q", "k"]:

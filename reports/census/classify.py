@@ -1,6 +1,6 @@
 """One census result per model type: build it tiny, wrap it, check it, and say in one category why.
 
-The categories (:data:`CATEGORIES`) are the issue's, and every path ends in one of them with the
+The categories (:data:`CATEGORIES`) are a fixed list, and every path ends in one of them with the
 exception text as the reason ("failed for an unknown reason" is not a category):
 
 - ``clean``: every applicable row passes;
