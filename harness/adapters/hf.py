@@ -406,12 +406,14 @@ class HFAdapter(HookedRootModule):
         if any(turned) and not all(turned):
             self._cfg = dataclasses.replace(self._cfg, rotary_layers=turned)
         elif (all(tap.entered and not tap.rotary_calls for tap in self._taps)
+              and (self._cfg.rotary_dim or self._cfg.d_head) == self._cfg.d_head
               and isinstance(getattr(module := sys.modules.get(type(self._attns[0]).__module__), "apply_rotary_pos_emb",
                                      None), attention.RotaryTap)
               and calls(module, "apply_rotary_pos_emb")):
-            # every layer ran under the adapter, the rotary function was watched (tapped: a (q, k, ...) function;
-            # GPT-J's (tensor, sin, cos) is not, so nothing is judged there) and no layer called it at all (a partial
-            # slice or another head size, Gemma 4's global layers, still counts as a call)
+            # every layer ran under the adapter, the design rotates whole heads (a partial rotary_dim may go through
+            # another function: DeepSeek-V3's MLA rotates its rope slice with apply_rotary_pos_emb_interleave), the
+            # rotary function was watched (tapped: a (q, k, ...) function; GPT-J's (tensor, sin, cos) is not) and no
+            # layer called it at all (another head size, Gemma 4's global layers, still counts as a call)
             self._cfg = dataclasses.replace(self._cfg, positional_embedding_type="none", rotary_dim=None,
                                             rotary_style=None, rotary_base=None, rotary_offset=None,
                                             rotary_direction=None, rope_type=None)

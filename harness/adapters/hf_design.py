@@ -50,15 +50,17 @@ def _int(config: Any, *names: str) -> Optional[int]:
 
 
 def _rope(config: Any, types: Optional[set] = None) -> dict:
-    """The config's rope_parameters; keyed by layer type (Olmo 3, ModernBERT, Mellum), the one shared by every type,
-    or, where the types differ (160000 for full attention, 10000 for sliding), no base and a non-default rope_type:
-    one declared base would be wrong for some layers. ``types``: the layer types of the checked layers (only
+    """The config's rope_parameters; keyed by layer type (Olmo 3, ModernBERT, Mellum, Ergo), the one shared by every
+    type, or, where the types differ (160000 for full attention, 10000 for sliding), no base and a non-default
+    rope_type: one declared base would be wrong for some layers. ``types``: the layer types of the checked layers (only
     those types' parameters matter: Laguna's tiny stack is all full attention)."""
     params = getattr(config, "rope_parameters", None)
     if not isinstance(params, dict):
         return {}
-    if params and all(isinstance(v, dict) for v in params.values()):
-        kinds = [v for k, v in params.items() if not types or k in types] or list(params.values())
+    if params and all(v is None or isinstance(v, dict) for v in params.values()) and any(params.values()):
+        # a type keyed to None has no rotation (Ergo's full-attention layers): only the rotated types' parameters
+        rotated = {k: v for k, v in params.items() if v is not None}
+        kinds = [v for k, v in rotated.items() if not types or k in types] or list(rotated.values())
         return kinds[0] if all(k == kinds[0] for k in kinds) else {"rope_type": PER_LAYER_TYPE}
     return params
 

@@ -7,11 +7,20 @@ A failed row not listed here is ``untriaged`` in the census: a false alarm or a 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from harness.adapters.hf_positions import length_dependence
+
+
+def falcon_own_attention() -> bool:
+    """Whether the installed Falcon computes attention itself, with the eager branch at fault below; from
+    transformers 5.25 it calls transformers' AttentionInterface, its pattern is masked, and the finding is gone."""
+    import transformers.models.falcon.modeling_falcon as modeling
+
+    return "ALL_ATTENTION_FUNCTIONS" not in inspect.getsource(modeling)
 
 
 @dataclass(frozen=True)
@@ -55,12 +64,15 @@ _JAMBA_CHUNK = ("Jamba's cached decoding of a chunk of several new tokens gives 
                 "(2.3e-6 in float64, its Mamba mixer's multi-token path under a cache); one token at a time is exact.")
 _RECURRENT_LEAK = ("RecurrentGemma's recurrent blocks ignore attention_mask: a masked left pad's id reaches the real "
                    "tokens through the temporal convolution.")
+_PAD_WINDOWS = ("DeepSeek-V4's compressor groups keys into windows by token index while its causal threshold reads "
+                "position ids: a masked left pad shifts every window by one token, so a left-padded prompt's last "
+                "logits (cached or not) differ from the unpadded prompt's; unpadded, cached decoding is exact.")
 LEFT_PAD_MOVES = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus",
                   "plbart", "prophetnet", "trocr", "whisper")
 PAD_LEAKS = ("convbert", "mobilebert", "yoso")
 FINDINGS: tuple[Finding, ...] = (
-    Finding("falcon", "causal_pattern", _FALCON, "falcon_census"),
-    Finding("falcon", "padding_pattern", _FALCON, "falcon_census"),
+    *((Finding("falcon", "causal_pattern", _FALCON, "falcon_census"),
+       Finding("falcon", "padding_pattern", _FALCON, "falcon_census")) if falcon_own_attention() else ()),
     *(Finding(t, "padding_outputs", _POSITIONS, "left_padding_moves_positions") for t in LEFT_PAD_MOVES),
     # the same numbering under a cache: a left-padded prompt decodes at positions one on from the unpadded prompt's
     # (kv_cache recomputes a padded row without its padding); ProphetNet's kv_cache row is its own finding below
@@ -70,6 +82,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("moshi", "sliding_window", _MOSHI, "window_ignored"),
     Finding("prophetnet", "kv_cache", _LENGTH, "logits_depend_on_length"),
     Finding("deepseek_v4", "relative_position", _OFFSET_LEAK, "future_leaks_after_an_offset"),
+    Finding("deepseek_v4", "kv_cache", _PAD_WINDOWS, "left_pad_shifts_compressed_windows"),
     Finding("recurrent_gemma", "kv_cache", _CHUNK, "chunked_prefill_drops_state"),
     Finding("recurrent_gemma", "padding_outputs", _RECURRENT_LEAK, "padding_leaks_into_real_tokens"),
     Finding("jamba", "kv_cache", _JAMBA_CHUNK, "cached_chunk_differs"),

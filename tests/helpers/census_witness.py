@@ -122,6 +122,35 @@ def future_leaks_after_an_offset(model_type: str = "deepseek_v4") -> str:
             f"{moved[1]:.3g} when token 3 changes (with positions 0..3: {moved[0]:.3g})")
 
 
+def left_pad_shifts_compressed_windows(model_type: str = "deepseek_v4") -> str:
+    """DeepSeek-V4's compressed windows count token indices, its threshold counts position ids: one masked left
+    pad (position ids from the mask, as generate() makes them) moves the real tokens' windows.
+
+    Witness: the raw model in float64. ``[5, 6, 7]`` then 8 decoded through the cache equals the full forward of
+    ``[5, 6, 7, 8]``; ``[pad, 5, 6, 7]`` (pad masked) gives other last logits, with the cache and without it.
+    """
+    model = _float64(model_type)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def last(tokens, mask, cached):
+        tokens, mask = torch.tensor(tokens), torch.tensor(mask)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            if not cached:
+                return model(tokens, attention_mask=mask, position_ids=pos).logits[:, -1]
+            out = model(tokens[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], use_cache=True)
+            cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+            return model(tokens[:, -1:], attention_mask=mask, position_ids=pos[:, -1:], use_cache=True,
+                         **{name: cache}).logits[:, -1]
+
+    full = last([[5, 6, 7, 8]], [[1, 1, 1, 1]], cached=False)
+    exact = float((last([[5, 6, 7, 8]], [[1, 1, 1, 1]], cached=True) - full).abs().max())
+    padded = {c: float((last([[0, 5, 6, 7, 8]], [[0, 1, 1, 1, 1]], cached=c) - full).abs().max()) for c in (0, 1)}
+    assert exact < 1e-6 and min(padded.values()) > 1e-4, (exact, padded)
+    return (f"{type(model).__name__} (float64): unpadded cached decoding is off the full forward by {exact:.3g}; "
+            f"one masked left pad moves the last logits by {padded[1]:.3g} cached, {padded[0]:.3g} uncached")
+
+
 def chunked_prefill_drops_state(model_type: str = "recurrent_gemma") -> str:
     """RecurrentGemma's recurrent block takes any call of more than one token for a fresh prefill: the conv and
     RG-LRU state the cache held are dropped (modeling_recurrent_gemma: ``if position_ids.shape[1] != 1:  #
@@ -332,5 +361,5 @@ def bridge_v_before_v_norm(model_type: str) -> str:
 WITNESSES = {f.__name__: f for f in (falcon_census, left_padding_moves_positions, padding_leaks_into_real_tokens,
                                      window_ignored, bridge_not_causal, bridge_attn_scores_is_pattern,
                                      bridge_z_is_o_proj_input, bridge_v_before_v_norm, logits_depend_on_length,
-                                     future_leaks_after_an_offset, chunked_prefill_drops_state,
-                                     cached_chunk_differs)}
+                                     future_leaks_after_an_offset, left_pad_shifts_compressed_windows,
+                                     chunked_prefill_drops_state, cached_chunk_differs)}
