@@ -97,16 +97,21 @@ def heatmap(results: list[Result]) -> Figure:
     return fig
 
 
-def write_docs(results: list[Result], doc: Path, version: str, wall: str = "") -> None:
-    """Replace (or append) the census section of ``doc``; write the heatmap and the results beside it."""
+def replace_section(doc: Path, begin: str, end: str, section: str) -> None:
+    """Put ``section`` (which starts with ``begin`` and ends with ``end``) in place of the generated one in ``doc``,
+    or append it; the hand-written text around it stays (both census sections share docs/models.md)."""
     text = doc.read_text() if doc.exists() else "# Models\n"
-    section = census_section(results, version, wall)
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     doc.write_text(text)
+
+
+def write_docs(results: list[Result], doc: Path, version: str, wall: str = "") -> None:
+    """Replace (or append) the census section of ``doc``; write the heatmap and the results beside it."""
+    replace_section(doc, BEGIN, END, census_section(results, version, wall))
     save_png(heatmap(results), doc.parent / FIGURE)
     stored = {"transformers": version, "wall": wall, "results": [r.to_json() for r in results]}
     (doc.parent / RESULTS).write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")

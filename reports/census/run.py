@@ -67,17 +67,23 @@ def run_one(mt: ModelType, timeout_s: int = TIMEOUT_S, bridge: bool = False) -> 
     """Classify ``mt`` (through the bridge when ``bridge``) under ``timeout_s``; the result as JSON (what crosses
     the process boundary)."""
     result = Result(mt.name, mt.task, mt.class_name)
+    within(timeout_s, result, "model type", lambda: (census_bridge.classify if bridge else classify)(mt, result))
+    return result.to_json()
+
+
+def within(timeout_s: int, result: Result, unit: str, work: Callable[[], Any]) -> None:
+    """Run ``work`` (which fills ``result``) under a ``timeout_s`` alarm; a timeout is itself the result, an
+    "unsupported" row naming the stage it reached, so one slow model never stops the census."""
     start = time.perf_counter()
     signal.alarm(timeout_s)
     try:
-        (census_bridge.classify if bridge else classify)(mt, result)
+        work()
     except TimedOut:
         result.category = "unsupported"
-        result.reason = f"timed out after {timeout_s}s at stage {result.stage!r} (the census's budget per model type)"
+        result.reason = f"timed out after {timeout_s}s at stage {result.stage!r} (the census's budget per {unit})"
         result.seconds = round(time.perf_counter() - start, 2)
     finally:
         signal.alarm(0)
-    return result.to_json()
 
 
 def census(types: Optional[list[ModelType]] = None, *, workers: int = 1, timeout_s: int = TIMEOUT_S,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.census.findings import VARIANT_FINDINGS, variant_diagnosis
-from reports.census.render import _cell
+from reports.census.render import _cell, replace_section
 from reports.census.variants_run import CATEGORIES, Row
 
 RESULTS = "census_variants.json"  # beside docs/models.md
@@ -96,14 +96,7 @@ def section(rows: list[Row], version: str, meta: dict[str, Any]) -> str:
 
 def write_docs(rows: list[Row], doc: Path, version: str, meta: dict[str, Any]) -> None:
     """Replace (or append) the variants section of ``doc``; write the rows beside it as JSON."""
-    text = doc.read_text() if doc.exists() else "# Models\n"
-    body = section(rows, version, meta)
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + body + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    doc.write_text(text)
+    replace_section(doc, BEGIN, END, section(rows, version, meta))
     stored = {"transformers": version, **meta, "rows": [r.to_json() for r in rows]}
     # one row a line: ~1,300 rows stay diffable at half the size of an indented dump
     lines = [json.dumps({k: v for k, v in stored.items() if k != "rows"}, sort_keys=True)[:-1] + ', "rows": [']

@@ -21,8 +21,6 @@ import hashlib
 import json
 import multiprocessing
 import re
-import signal
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +31,7 @@ from reports.census import findings
 from reports.census.classify import CATEGORIES as CENSUS_CATEGORIES
 from reports.census.classify import ENC_DEC, Result, check, classify, exc_line, multimodal, prepare, verdict
 from reports.census.enumerate import ModelType
-from reports.census.run import TimedOut, _init_worker, cache_dir
+from reports.census.run import _init_worker, cache_dir, within
 from reports.census.variants import build_config
 
 REFUSED = "config refused"
@@ -117,16 +115,7 @@ def _stages(changes: dict[str, Any], dtype: str) -> Callable[[ModelType, Result]
 def attempt(job: Job, changes: dict[str, Any], timeout_s: int) -> Result:
     """The census result of ``job``'s model type with ``changes``, under ``timeout_s`` (a timeout is a result)."""
     result = Result(job.model_type, job.task, job.class_name)
-    start = time.perf_counter()
-    signal.alarm(timeout_s)
-    try:
-        classify(job.mt(), result, stages=_stages(changes, job.dtype))
-    except TimedOut:
-        result.category = "unsupported"
-        result.reason = f"timed out after {timeout_s}s at stage {result.stage!r} (the census's budget per attempt)"
-        result.seconds = round(time.perf_counter() - start, 2)
-    finally:
-        signal.alarm(0)
+    within(timeout_s, result, "attempt", lambda: classify(job.mt(), result, stages=_stages(changes, job.dtype)))
     return result
 
 
