@@ -403,12 +403,12 @@ class HFAdapter(HookedRootModule):
         if self._cfg.positional_embedding_type != "rotary" or len(self._taps) != self._cfg.n_layers:
             return
         turned = tuple(tap.rotations > 0 for tap in self._taps)
+        module = sys.modules.get(type(self._attns[0]).__module__)
         if any(turned) and not all(turned):
             self._cfg = dataclasses.replace(self._cfg, rotary_layers=turned)
         elif (all(tap.entered and not tap.rotary_calls for tap in self._taps)
               and (self._cfg.rotary_dim or self._cfg.d_head) == self._cfg.d_head
-              and isinstance(getattr(module := sys.modules.get(type(self._attns[0]).__module__), "apply_rotary_pos_emb",
-                                     None), attention.RotaryTap)
+              and isinstance(getattr(module, "apply_rotary_pos_emb", None), attention.RotaryTap)
               and calls(module, "apply_rotary_pos_emb")):
             # every layer ran under the adapter, the design rotates whole heads (a partial rotary_dim may go through
             # another function: DeepSeek-V3's MLA rotates its rope slice with apply_rotary_pos_emb_interleave), the

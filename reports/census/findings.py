@@ -7,6 +7,7 @@ A failed row not listed here is ``untriaged`` in the census: a false alarm or a 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, Optional
 from harness.adapters.hf_positions import length_dependence
 
 
+@functools.cache  # read once: the census findings, the variants' and the zoo's all ask
 def falcon_own_attention() -> bool:
     """Whether the installed Falcon computes attention itself, with the eager branch at fault below; from
     transformers 5.25 it calls transformers' AttentionInterface, its pattern is masked, and the finding is gone."""
