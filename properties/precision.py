@@ -105,16 +105,32 @@ def nonfinite_mask(name: str, t: Tensor) -> Tensor:
     return ~torch.isfinite(t)
 
 
+def masked_fill(t: Tensor) -> Tensor:
+    """bool: the entries at or below half ``t``'s dtype's most negative finite value: an additive mask's fill.
+
+    transformers writes a masked score as ``torch.finfo(dtype).min`` (added to the score, or in its place), so
+    a bfloat16 model's masked entries sit at -3.39e38 where its float64 twin's sit at -1.8e308: the two
+    differ by the fill, not by rounding, and a gap over them would measure the fill.
+    """
+    if not t.is_floating_point():
+        return torch.zeros_like(t, dtype=torch.bool)
+    return t <= torch.finfo(t.dtype).min / 2
+
+
 def scaled_gap(own: Tensor, golden: Tensor) -> float:
-    """``max|own - golden| / max|golden|`` over the entries finite in both (0 for empty or all-zero tensors).
+    """``max|own - golden| / max|golden|`` over the entries finite and unmasked in both (0 for empty or all-zero
+    tensors).
 
     Relative to the tensor's own scale, not ``max(1, .)``: a tensor of small entries (q, k, a
     pattern) carries the same relative rounding as a large one, and a check that compares norms
     or row sums of it measures in that relative unit. For checks scaled by ``max(1, .)`` this
-    floor is only larger, so the bound below still holds.
+    floor is only larger, so the bound below still holds. A masked entry (:func:`masked_fill`, on
+    either side) is left out as ``-inf`` is: its value is a fill, and ``max|golden|`` over the fills
+    would make the floor the fill's rounding, not the scores'.
     """
+    ok = ~(masked_fill(own) | masked_fill(golden).to(own.device))
     own, golden = own.double(), golden.double().to(own.device)
-    ok = torch.isfinite(own) & torch.isfinite(golden)
+    ok &= torch.isfinite(own) & torch.isfinite(golden)
     if not bool(ok.any()):
         return 0.0
     diff = (own - golden).abs()[ok]

@@ -94,6 +94,8 @@ def test_measure_stops_at_the_first_caught_size_and_renders():
     cells = measure([OURS], ["float32"], ["pad_leak"], max_examples={"ours": 5})
     assert [c.size for c in cells] == [0.0, FAMILIES["pad_leak"].sizes[0]]  # caught at the smallest: stop
     records = summary(cells)
+    ratios = records[0].pop("ratios")
+    assert ratios["0"] < 1 < ratios["0.0001"], ratios  # the control passes, the leak fails: each run's ratio kept
     assert records == [{"subject": "ours", "family": "pad_leak", "dtype": "float32", "row": "padding_outputs",
                         "control": "pass", "caught_at": 1e-4, "sizes": {"0.0001": "caught"}, "reason": ""}]
     text = markdown(records, 1.0)

@@ -17,6 +17,7 @@ Seeded (seed 0) and with a fixed number of examples per row, so a run reproduces
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -122,12 +123,14 @@ def measure(subjects: list[Subject], dtypes: Iterable[str] = DTYPES, families: I
 
 
 def smallest(cells: list[Cell]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """(subject, family, dtype) -> the smallest caught size (None if none), the control's verdict, and
-    the verdict of each size run."""
+    """(subject, family, dtype) -> the smallest caught size (None if none), the control's verdict, the
+    verdict of each size run, and each run's ratio (worst / allowance; None where the row did not run)."""
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for cell in cells:
         entry = out.setdefault((cell.subject, cell.family, cell.dtype),
-                               {"row": cell.row, "caught_at": None, "control": None, "sizes": {}, "reason": ""})
+                               {"row": cell.row, "caught_at": None, "control": None, "sizes": {}, "ratios": {},
+                                "reason": ""})
+        entry["ratios"][cell.size] = cell.ratio if math.isfinite(cell.ratio) else None
         if cell.size == 0:
             entry["control"] = cell.verdict
             if cell.verdict == "n/a":

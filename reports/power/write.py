@@ -43,7 +43,9 @@ def summary(cells: list[Cell]) -> list[dict[str, Any]]:
     for (subject, fam, dtype), entry in smallest(cells).items():
         out.append({"subject": subject, "family": fam, "dtype": dtype, "row": entry["row"],
                     "control": entry["control"], "caught_at": entry["caught_at"],
-                    "sizes": {_size(k): v for k, v in entry["sizes"].items()}, "reason": entry["reason"]})
+                    "sizes": {_size(k): v for k, v in entry["sizes"].items()},
+                    "ratios": {_size(k): None if v is None else round(v, 4) for k, v in entry["ratios"].items()},
+                    "reason": entry["reason"]})
     return out
 
 
