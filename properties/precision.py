@@ -5,8 +5,9 @@ The rule. A numeric property compares two computations that are equal in exact a
 they differ by rounding; a bug makes them differ by more. For every example the search draws,
 each forward pass of the check (:func:`forward_capture`) also runs on a **float64 golden twin**
 of the model (same weights, upcast), and the **noise floor** of that example is the worst scaled
-deviation ``max|own - golden| / max|golden|`` (:func:`scaled_gap`) of any tensor the check read
-(the logits and every captured activation) from its golden twin. The **allowance** is::
+deviation ``max|own - golden| / max|golden|`` (:func:`scaled_gap`; the logits' over
+``max(1, max|golden|)``, their checks' unit) of any tensor the check read (the logits and every
+captured activation) from its golden twin. The **allowance** is::
 
     allowance = max(FACTOR * floor, FACTOR * u64 * reduction)
 
@@ -117,9 +118,9 @@ def masked_fill(t: Tensor) -> Tensor:
     return t <= torch.finfo(t.dtype).min / 2
 
 
-def scaled_gap(own: Tensor, golden: Tensor) -> float:
-    """``max|own - golden| / max|golden|`` over the entries finite and unmasked in both (0 for empty or all-zero
-    tensors).
+def scaled_gap(own: Tensor, golden: Tensor, at_least: float = 0.0) -> float:
+    """``max|own - golden| / max(at_least, max|golden|)`` over the entries finite and unmasked in both (0 for empty
+    or all-zero tensors).
 
     Relative to the tensor's own scale, not ``max(1, .)``: a tensor of small entries (q, k, a
     pattern) carries the same relative rounding as a large one, and a check that compares norms
@@ -127,6 +128,11 @@ def scaled_gap(own: Tensor, golden: Tensor) -> float:
     floor is only larger, so the bound below still holds. A masked entry (:func:`masked_fill`, on
     either side) is left out as ``-inf`` is: its value is a fill, and ``max|golden|`` over the fills
     would make the floor the fill's rounding, not the scores'.
+
+    ``at_least`` 1 measures the gap in the unit the checks compare logits in (``max(1, max|logit|)``:
+    properties/checks/_common.py ``scaled_deviation``): a model whose logits are all small (a random
+    init's, ~0.1) rounds them by its relative precision, and that gap relative to ``max|logit|`` would
+    be ten times the deviation rounding causes in the check's unit, an allowance ten times too wide.
     """
     ok = ~(masked_fill(own) | masked_fill(golden).to(own.device))
     own, golden = own.double(), golden.double().to(own.device)
@@ -134,8 +140,14 @@ def scaled_gap(own: Tensor, golden: Tensor) -> float:
     if not bool(ok.any()):
         return 0.0
     diff = (own - golden).abs()[ok]
-    top = float(golden[ok].abs().max())
+    top = max(at_least, float(golden[ok].abs().max()))
     return float(diff.max()) / top if top > 0 else 0.0
+
+
+def gap(name: str, own: Tensor, golden: Tensor) -> float:
+    """The floor's gap for hook (or output) ``name``: the logits in the checks' ``max(1, .)`` unit, any other
+    tensor relative to its own scale (:func:`scaled_gap`)."""
+    return scaled_gap(own, golden, at_least=1.0 if name == "logits" else 0.0)
 
 
 def coarse(model: Any) -> bool:
@@ -202,7 +214,7 @@ class Noise:
             x = torch.arange(min(self.model.cfg.n_ctx, 8))[None] % self.model.cfg.d_vocab
             own, own_acts = protocol.forward_capture(self.model, x, capture=self.seen)
             gold, gold_acts = protocol.forward_capture(self.golden, x, capture=self.seen)
-            gaps = [scaled_gap(own, gold)] + [scaled_gap(own_acts[n], gold_acts[n]) for n in self.seen]
+            gaps = [gap("logits", own, gold)] + [gap(n, own_acts[n], gold_acts[n]) for n in self.seen]
             self.reference[self.seen] = max(gaps)
         return max(self.floor, self.reference[self.seen])
 
@@ -223,7 +235,7 @@ class Noise:
             return
         if bool((nonfinite_mask(name, golden.to(own.device)) & ~nonfinite_mask(name, own)).any()):
             self.blind = True  # e.g. a float64 mask minimum that a soft-cap turns into NaN
-        self.floor = max(self.floor, scaled_gap(own, golden))
+        self.floor = max(self.floor, gap(name, own, golden))
 
 
 _ACTIVE: ContextVar[Optional[Noise]] = ContextVar("attnlab_precision_noise", default=None)
@@ -358,7 +370,13 @@ def forward_capture(model: Any, tokens: Tensor, **kw: Any) -> tuple[Tensor, dict
     of the model rounds, and the gap is that one layer's rounding, not the divergence of everything
     before it (which such a comparison never sees). A model whose layer inputs cannot be captured
     and replaced gets the whole-pass floor.
+
+    ``compared`` (bool ``[batch, pos]``, not passed on) names the positions whose logits the check
+    compares: the logits' floor is measured there only. A padded query's logits, which no check reads,
+    round worse than a real token's (SmolLM2 in bfloat16: 0.12 of the logits' scale against 0.02), and
+    the triangle bound of the module doc needs the floor only at the entries the check compares.
     """
+    compared: Optional[Tensor] = kw.pop("compared", None)
     noise = _ACTIVE.get()
     if noise is None or model is not noise.model:
         return protocol.forward_capture(model, tokens, **kw)
@@ -378,8 +396,13 @@ def forward_capture(model: Any, tokens: Tensor, **kw: Any) -> tuple[Tensor, dict
     g_acts: dict[str, Tensor] = {}
     if twin is not None:
         g_logits, g_acts = _twin_pass(noise, model, twin, tokens, kw, given)
-    for name, own in [*acts.items(), ("logits", logits)]:
-        noise.record(name, own, g_logits if name == "logits" else g_acts.get(name))
+    for name, own in acts.items():
+        noise.record(name, own, g_acts.get(name))
+    if compared is None or g_logits is None:
+        noise.record("logits", logits, g_logits)
+    else:
+        where = compared.to(logits.device).bool()
+        noise.record("logits", logits[where], g_logits.to(logits.device)[where])
     return logits, acts
 
 

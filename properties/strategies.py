@@ -190,6 +190,24 @@ class PaddedBatch:
     def real_positions(self, row: int) -> Tensor:
         return self.mask[row].nonzero().flatten()
 
+    def mirrored(self) -> PaddedBatch:
+        """The same rows and pad ids, each row padded on its other side.
+
+        A check that runs a batch and its mirror sees every row both left- and right-padded: right
+        padding sits after every real token, so a causal model's leak to a padded key shows only in
+        a left-padded row, and a search of few examples may draw none.
+        """
+        tokens, mask = [], []
+        for r, side in enumerate(self.sides):
+            real = self.mask[r].bool()
+            toks = self.tokens[r]
+            first, rest = (toks[real], toks[~real]) if side == "left" else (toks[~real], toks[real])
+            tokens.append(torch.cat([first, rest]))
+            mask.append(torch.cat([torch.ones_like(first), torch.zeros_like(rest)]) if side == "left"
+                        else torch.cat([torch.zeros_like(first), torch.ones_like(rest)]))
+        flipped = tuple("right" if side == "left" else "left" for side in self.sides)
+        return PaddedBatch(self.rows, flipped, torch.stack(tokens), torch.stack(mask).to(self.mask.dtype))
+
     def describe(self) -> str:
         return f"tokens={self.tokens.tolist()} mask={self.mask.tolist()}"
 

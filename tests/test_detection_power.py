@@ -126,3 +126,24 @@ def test_a_planted_bfloat16_decode_offset_is_caught_on_ours():
 def test_planting_twice_reuses_one_class():
     a, b = plant(OURS.load("float32"), "pad_leak", 0.1), plant(copy.deepcopy(OURS.load("float32")), "pad_leak", 0.01)
     assert type(a) is type(b)
+
+
+@pytest.mark.parametrize("row", ["padding_outputs", "padding_pattern"])
+def test_a_left_pad_leak_is_caught_where_the_search_draws_only_right_padding(monkeypatch, row):
+    # right padding sits after every real token: only the mirrored (left-padded) batch can show the leak
+    from properties import PROPERTIES
+    from properties.checks import padding_logits, padding_mask
+    from properties.strategies import padded_batches
+
+    def right_only(cfg):
+        return padded_batches(cfg.d_vocab, max_batch=2, max_len=3, max_pad=2, sides=("right",))
+
+    monkeypatch.setattr(padding_logits, "padded_inputs", right_only)
+    monkeypatch.setattr(padding_mask, "padded_inputs", right_only)
+    model = plant(OURS.load("float32"), "pad_leak", 1e-2)
+    with torch.no_grad():
+        result = PROPERTIES[row](adapt(model), seed=0, max_examples=2)
+    assert result.status == "fail" and "mirrored" in result.counterexample, result
+    with torch.no_grad():
+        control = PROPERTIES[row](adapt(plant(OURS.load("float32"), "pad_leak", 0)), seed=0, max_examples=2)
+    assert control.status == "pass", control

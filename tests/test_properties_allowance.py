@@ -19,7 +19,16 @@ from harness.adapters import adapt
 from properties import check_model
 from properties.checks import pattern_distribution, sliding_window
 from properties.design import unit_roundoff
-from properties.precision import FACTOR, calibrating, computed_unit, forward_capture, noise_for
+from properties.precision import (
+    FACTOR,
+    calibrating,
+    computed_unit,
+    forward_capture,
+    gap,
+    masked_fill,
+    noise_for,
+    scaled_gap,
+)
 from properties.strategies import LONGEST_DRAWN, long_token_batches
 from tests.mutants.base import RefAttention, RefConfig, RefModel
 
@@ -106,3 +115,42 @@ def test_a_window_longer_than_hypothesis_can_draw_is_checked():
     row = sliding_window(model, seed=0)
     assert row.status == "pass", row.counterexample
     assert "budget" in row.reason  # priced by its patterns: not the profile's 25 long passes
+
+
+def test_a_masked_fill_is_left_out_of_the_gap():
+    # a bfloat16 model writes a masked score as its dtype's minimum, its float64 twin as float64's: a fill, not rounding
+    own = torch.tensor([[1.0, torch.finfo(torch.bfloat16).min]], dtype=torch.bfloat16)
+    golden = torch.tensor([[1.0 + 2 ** -9, torch.finfo(torch.float64).min]], dtype=torch.float64)
+    assert scaled_gap(own, golden) == pytest.approx(2 ** -9 / (1 + 2 ** -9))
+    assert masked_fill(own).tolist() == [[False, True]] and masked_fill(golden).tolist() == [[False, True]]
+    assert scaled_gap(own[:, 1:], golden[:, 1:]) == 0.0  # nothing unmasked: no gap
+
+
+def test_the_logits_gap_is_in_the_checks_unit():
+    # small logits (a random init's) round by their relative precision; the checks divide by max(1, max|logit|)
+    golden = torch.tensor([0.1, -0.05], dtype=torch.float64)
+    own = golden + 1e-3
+    assert gap("logits", own, golden) == pytest.approx(1e-3)
+    assert gap("blocks.0.attn.hook_q", own, golden) == pytest.approx(1e-2)
+    big = golden * 100
+    assert gap("logits", big + 1e-3, big) == pytest.approx(1e-4)  # past 1 the two units agree
+
+
+def test_the_logits_floor_is_measured_at_the_compared_positions_only():
+    model = adapt(_glm(torch.bfloat16))
+    tokens = torch.tensor([[14, 39, 32, 65, 9, 57, 127, 32], [31, 74, 116, 23, 35, 126, 75, 114]])
+    mask = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0, 0]])  # one input whose worst is a pad's
+
+    def floor(**kw):
+        noise = noise_for(model)
+        noise.start()
+        with calibrating(noise):
+            logits, _ = forward_capture(model, tokens, attention_mask=mask, **kw)
+        return noise.floor, logits
+
+    whole, logits = floor()
+    real, same = floor(compared=mask)
+    assert torch.equal(logits, same)  # the model's pass is the same; only the floor's entries differ
+    twin = forward_capture(noise_for(model).golden, tokens, attention_mask=mask)[0]
+    assert real == pytest.approx(gap("logits", logits[mask.bool()], twin[mask.bool()]))
+    assert 0 < real < whole, (real, whole)  # the padded queries round worse than the real ones

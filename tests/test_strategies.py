@@ -113,3 +113,15 @@ def test_profiles():
             S.load_profile("fast")
     finally:
         settings.load_profile(current)
+
+
+@given(S.padded_batches(11, max_batch=3, max_len=4, max_pad=3))
+def test_a_mirrored_batch_pads_each_row_on_its_other_side(batch):
+    mirror = batch.mirrored()
+    assert mirror.rows == batch.rows and mirror.tokens.shape == batch.tokens.shape
+    assert all({a, b} == {"left", "right"} for a, b in zip(batch.sides, mirror.sides, strict=True))
+    for r, row in enumerate(batch.rows):
+        assert mirror.tokens[r, mirror.real_positions(r)].tolist() == list(row)
+        pads = sorted(batch.tokens[r, batch.mask[r] == 0].tolist())
+        assert sorted(mirror.tokens[r, mirror.mask[r] == 0].tolist()) == pads
+    assert torch.equal(mirror.mirrored().tokens, batch.tokens) and torch.equal(mirror.mirrored().mask, batch.mask)

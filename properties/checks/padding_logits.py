@@ -3,7 +3,9 @@
 With random left or right padding of random length and random pad ids (``attention_mask`` 0 on
 pads), the logits at real positions equal each row run alone unpadded (scaled logit difference,
 ``_common.LOGIT_RTOL``). By the protocol a token's position counts only the real tokens before
-it, so left padding moves no position. ``padding_pattern`` (padding_mask.py) checks the mask.
+it, so left padding moves no position. Each batch also runs mirrored (every row padded on its other
+side, :meth:`PaddedBatch.mirrored`), so every example has a left-padded row. ``padding_pattern``
+(padding_mask.py) checks the mask.
 """
 
 from __future__ import annotations
@@ -30,15 +32,18 @@ def padding_outputs(case: Case) -> Plan:
     model = case.model
 
     def measure(batch):
-        padded, _ = forward_capture(model, batch.tokens, attention_mask=batch.mask)
-        worst, where = 0.0, "real-token logits unchanged"
-        for r, row in enumerate(batch.rows):
-            alone, _ = forward_capture(model, batch.tokens.new_tensor([row]))
-            dev, idx = scaled_deviation(padded[r, batch.real_positions(r)], alone[0])
-            if dev >= worst:
-                worst = dev
-                where = (f"row {r} ({batch.sides[r]}-padded): logits differ by {fmt(dev)} "
-                         f"at (real pos, vocab)={idx}")
+        alone = [forward_capture(model, batch.tokens.new_tensor([row]))[0][0] for row in batch.rows]
+        worst, where = -1.0, ""
+        for drawn in (batch, batch.mirrored()):  # every row left- and right-padded (PaddedBatch.mirrored)
+            # the floor over the real positions, the ones compared (precision.forward_capture)
+            padded, _ = forward_capture(model, drawn.tokens, attention_mask=drawn.mask, compared=drawn.mask)
+            for r in range(len(drawn.rows)):
+                dev, idx = scaled_deviation(padded[r, drawn.real_positions(r)], alone[r])
+                if dev > worst:  # on a tie the drawn batch, whose tokens the counterexample prints
+                    worst = dev
+                    how = "" if drawn is batch else f", mirrored: {drawn.describe()}"
+                    where = (f"row {r} ({drawn.sides[r]}-padded{how}): logits differ by {fmt(dev)} "
+                             f"at (real pos, vocab)={idx}")
         return worst, where
 
     return Plan(padded_inputs(case.cfg), measure, PaddedBatch.describe)

@@ -1,7 +1,7 @@
 """Padding changes nothing for real tokens, seen in the pattern: no real query attends to a pad.
 
 Tolerance 0: a padded key's weight underflows to exactly 0 (see ``_common``), so any positive
-weight is a leak. The batches are ``padding_logits.padded_inputs``.
+weight is a leak. The batches are ``padding_logits.padded_inputs``, each also run mirrored.
 """
 
 from __future__ import annotations
@@ -21,16 +21,18 @@ def padding_pattern(case: Case) -> Plan:
     model, names = case.model, list(case.hooks)
 
     def measure(batch):
-        _, acts = forward_capture(model, batch.tokens, attention_mask=batch.mask, capture=names)
-        real = batch.mask.bool()
         worst, where = 0.0, "no weight on padded keys"
-        for layer, name in enumerate(names):
-            p = acts[name].double().abs().nan_to_num(nan=float("inf"))  # [batch, n_heads, q, k]
-            leak = p.where(real[:, None, :, None] & ~real[:, None, None, :], p.new_zeros(()))
-            if float(leak.max()) > worst:
-                worst = float(leak.max())
-                b, h, q, k = where_max(leak)
-                where = f"layer {layer} head {h}: real query {q} puts weight {fmt(worst)} on padded key {k} (row {b})"
+        for drawn in (batch, batch.mirrored()):  # every row left- and right-padded (PaddedBatch.mirrored)
+            _, acts = forward_capture(model, drawn.tokens, attention_mask=drawn.mask, capture=names)
+            real = drawn.mask.bool()
+            for layer, name in enumerate(names):
+                p = acts[name].double().abs().nan_to_num(nan=float("inf"))  # [batch, n_heads, q, k]
+                leak = p.where(real[:, None, :, None] & ~real[:, None, None, :], p.new_zeros(()))
+                if float(leak.max()) > worst:
+                    worst = float(leak.max())
+                    b, h, q, k = where_max(leak)
+                    where = (f"layer {layer} head {h}: real query {q} puts weight {fmt(worst)} on padded key {k} "
+                             f"(row {b}{'' if drawn is batch else ', mirrored: ' + drawn.describe()})")
         return worst, where
 
     return Plan(padded_inputs(case.cfg), measure, PaddedBatch.describe)

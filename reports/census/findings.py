@@ -85,6 +85,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("prophetnet", "kv_cache", _LENGTH, "logits_depend_on_length"),
     Finding("deepseek_v4", "relative_position", _OFFSET_LEAK, "future_leaks_after_an_offset"),
     Finding("deepseek_v4", "kv_cache", _PAD_WINDOWS, "left_pad_shifts_compressed_windows"),
+    Finding("deepseek_v4", "padding_outputs", _PAD_WINDOWS, "left_pad_shifts_compressed_windows"),
     Finding("recurrent_gemma", "kv_cache", _CHUNK, "chunked_prefill_drops_state"),
     Finding("recurrent_gemma", "padding_outputs", _RECURRENT_LEAK, "padding_leaks_into_real_tokens"),
     Finding("jamba", "kv_cache", _JAMBA_CHUNK, "cached_chunk_differs"),
