@@ -39,6 +39,13 @@ CHECKED = {"causal_outputs", "causal_pattern", "pattern_distribution", "padding_
 # the bug 0.54); with the float64 twin made once, after the determinism probe on the model itself, its
 # causal_outputs floor is 0.019 (allowance 0.076) and the bug (0.94 of the scale: position 0's logits move by
 # 1.18 when token 1 changes) fails the row at ratio 12.
+# Examples per row where two are too few for the verdict to be the bug's rather than the CPU's: xformers103's
+# first draw is the minimal tokens=[[0, 0]] -> [[0, 1]], where the unmasked bug lets position 0 attend to a
+# second <|endoftext|>, and on a CPU with AVX512-BF16 the buggy model's causal_outputs floor is 0.25 of the
+# logits' scale there (allowance 1.0, the bug 0.54: hidden; the previous CI machine caught it at two examples).
+# At five, kernel_consistency fails at ratio 19 (hook_z from the unmasked kernel against the causal pattern:
+# 1.50, allowance 0.077), while causal_outputs stays hidden (floors 0.11-0.50 on the buggy model's draws).
+EXAMPLES = {"xformers103_causal_skipped_without_mask": 5}
 REAL_BUGS = {
     "labml146_softmax_over_queries": (SMOLLM2, "eager", "caught"),
     "pytorch63271_padding_masks_query_rows": (SMOLLM2, "eager", "caught"),
@@ -48,9 +55,9 @@ REAL_BUGS = {
 }
 
 
-def _checked(name: str, dtype: str, kernel=None, properties=None):
+def _checked(name: str, dtype: str, kernel=None, properties=None, max_examples: int = MAX_EXAMPLES):
     model, _, _ = load_hf(str(converted(name)), dtype=dtype, attn_implementation=kernel)
-    return check_model(adapt(model), max_examples=MAX_EXAMPLES, properties=properties).set_index("property")
+    return check_model(adapt(model), max_examples=max_examples, properties=properties).set_index("property")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -86,12 +93,12 @@ def test_gemma3_in_float16_fails_finite_outputs_and_nothing_else():
 def test_catalogue_bug_patched_into_a_real_checkpoint_in_bfloat16(bug_name):
     bug = next(b for b in BUGS if b.name == bug_name)
     name, kernel, verdict = REAL_BUGS[bug_name]
-    props = list(bug.must_flag)
-    clean = _checked(name, "bfloat16", kernel, props)
+    props, n = list(bug.must_flag), EXAMPLES.get(bug_name, MAX_EXAMPLES)
+    clean = _checked(name, "bfloat16", kernel, props, n)
     assert clean.status.eq("pass").all(), clean[["status", "worst", "allowance", "counterexample"]].to_dict("index")
     assert not clean.reason.str.startswith(HIDDEN).any()  # a correct checkpoint's twin passes too
     with bug.patch():
-        broken = _checked(name, "bfloat16", kernel, props)
+        broken = _checked(name, "bfloat16", kernel, props, n)
     failed, hidden = broken.status.eq("fail"), broken.reason.str.startswith(HIDDEN)
     seen = "caught" if failed.any() else "hidden" if hidden.any() else "missed"
     assert seen == verdict, broken[["status", "worst", "allowance", "reason"]].to_dict("index")
