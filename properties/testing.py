@@ -22,6 +22,23 @@ from harness.errors import AttnlabTypeError
 from properties.suite import check_model
 
 
+class RowsFailed(AssertionError):
+    """An assertion helper's failure: the message lists every failed row; ``table`` is the whole table (the pytest
+    plugin records its rows in the test's report)."""
+
+    def __init__(self, message: str, table: pd.DataFrame):
+        super().__init__(message)
+        self.table = table
+
+
+def _exceeded(row: Any) -> str:
+    """What a failed row exceeded: its measured allowance (with the ratio) where it has one, else its tolerance."""
+    allowance = getattr(row, "allowance", float("nan"))
+    if allowance == allowance:  # not NaN: a calibrated row (properties/precision.py)
+        return f"worst {row.worst:.3g} > allowance {allowance:.3g} (ratio {row.ratio:.3g})"
+    return f"worst {row.worst:.3g} > tolerance {row.tolerance:.3g}"
+
+
 def assert_properties(model: AnyModel, properties: Optional[list[str]] = None, seed: int = 0,
                       max_examples: Optional[int] = None, *, allow_unobservable: bool = True,
                       **kw: Any) -> pd.DataFrame:
@@ -31,17 +48,17 @@ def assert_properties(model: AnyModel, properties: Optional[list[str]] = None, s
     go to :func:`properties.check_model`. With ``allow_unobservable=False`` an unobservable row
     fails too (its reason names the silent hook). Returns the table when nothing failed.
     """
+    __tracebackhide__ = True  # under pytest a failure shows the caller's line and the rows, not this frame
     if not isinstance(allow_unobservable, bool):
         raise AttnlabTypeError(f"allow_unobservable={allow_unobservable!r} is invalid: expected True or False")
     table = check_model(model, seed=seed, max_examples=max_examples, properties=properties, **kw)
     bad = table[table.status == "fail"]
-    lines = [f"- {r.property}: worst {r.worst:.3g} > tolerance {r.tolerance:.3g}; counterexample: "
-             f"{r.counterexample}" for r in bad.itertuples()]
+    lines = [f"- {r.property}: {_exceeded(r)}; counterexample: {r.counterexample}" for r in bad.itertuples()]
     if not allow_unobservable:
         silent = table[table.status == "unobservable"]
         lines += [f"- {r.property}: unobservable: {r.reason}" for r in silent.itertuples()]
     if lines:
         checked = int(table.status.isin(["pass", "fail"]).sum())
-        raise AssertionError(f"{len(lines)} of {len(table)} properties failed ({checked} checked, seed={seed}):\n"
-                             + "\n".join(lines))
+        raise RowsFailed(f"{len(lines)} of {len(table)} properties failed ({checked} checked, seed={seed}):\n"
+                         + "\n".join(lines), table)
     return table

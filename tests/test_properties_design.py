@@ -17,6 +17,7 @@ from transformer_lens.config.transformer_bridge_config import TransformerBridgeC
 
 import properties
 from harness import ModelConfig, Transformer
+from harness.model.positions import alibi_slopes
 from properties import design
 from tests.mutants.base import RefAttention, RefConfig, RefModel, rope
 
@@ -33,6 +34,7 @@ class Declared(RefConfig):
     attn_scale: Optional[float] = None
     attn_softcap: Optional[float] = None
     alibi_style: Optional[str] = None
+    alibi_slopes: Optional[tuple[float, ...]] = None
     rotary_dim: Optional[int] = None
     rotary_style: Optional[str] = None
     qk_norm: bool = False
@@ -135,6 +137,23 @@ def test_absolute_key_alibi_is_not_relative_and_a_wrong_slope_fails():
     wrong = row(model(DoubledSlopeAbsoluteKey, positional_embedding_type="alibi", alibi_style="absolute_key"),
                 "attention_scale")
     assert wrong.status == "fail" and "modulo a per-query constant" in wrong.counterexample
+
+
+class DoubledSlope(RefAttention):
+    def slopes(self):
+        return 2 * super().slopes()
+
+
+def test_declared_alibi_slopes_are_the_ones_expected():
+    """Falcon-RW's slopes are Press et al.'s / sqrt(head_dim), declared by the HF adapter: the slopes row follows
+    what a model declares, and still fails slopes that are neither declared nor Press et al.'s."""
+    doubled = tuple(2 * float(s) for s in alibi_slopes(4))
+    declared = row(model(DoubledSlope, positional_embedding_type="alibi", alibi_slopes=doubled), "alibi_slopes")
+    assert declared.status == "pass", declared.counterexample
+    undeclared = row(model(DoubledSlope, positional_embedding_type="alibi"), "alibi_slopes")
+    assert undeclared.status == "fail" and "Press et al. for 4 heads" in undeclared.counterexample
+    broken = row(model(RefAttention, positional_embedding_type="alibi", alibi_slopes=doubled), "alibi_slopes")
+    assert broken.status == "fail" and "(declared)" in broken.counterexample
 
 
 def test_bad_declarations_are_errors_before_any_work():

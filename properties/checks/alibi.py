@@ -1,4 +1,5 @@
-"""ALiBi slopes: the per-head slopes recovered from the scores are Press et al.'s geometric sequence.
+"""ALiBi slopes: the per-head slopes recovered from the scores are Press et al.'s geometric sequence, or the
+model's own where it declares them (``cfg.alibi_slopes``: Falcon-RW's are Press et al.'s / sqrt(head_dim)).
 
 Press, Smith & Lewis 2022 (ALiBi, §3): head h of n adds ``-m_h * (i - j)`` to the score of
 query i and key j, with ``m_h = 2^(-8h/n)``, h = 1..n ("the geometric sequence that starts at
@@ -33,6 +34,7 @@ import torch
 from hypothesis import strategies as st
 
 from harness._checks import check_positive_int
+from properties import design
 from properties.checks._common import fmt, max_len
 from properties.design import unit_roundoff
 from properties.precision import forward_capture
@@ -72,10 +74,15 @@ def fitted_slopes(bias: torch.Tensor, allowed: torch.Tensor, x: torch.Tensor) ->
                 applies=Applies(positional=("alibi",), min_ctx=3),
                 needs=("blocks.0.attn.hook_attn_scores|blocks.0.attn.hook_pattern",))
 def alibi_slopes(case: Case) -> Plan:
-    """The slopes recovered from layer 0's scores (or pattern) are Press et al.'s, per head (ALiBi models)."""
+    """The slopes recovered from layer 0's scores (or pattern) are Press et al.'s, or the declared ones, per head
+    (ALiBi models)."""
     model, cfg, (name,) = case.model, case.cfg, case.hooks
-    expected = torch.tensor(press_slopes(cfg.n_heads, float(getattr(cfg, "alibi_bias_max", 8.0))),
-                            dtype=torch.float64)
+    if getattr(cfg, "alibi_slopes", None) is not None:  # the model's own slopes, declared (DesignFacts.alibi_slopes)
+        expected, source = design.alibi_design(cfg)[0], "declared"
+    else:
+        expected = torch.tensor(press_slopes(cfg.n_heads, float(getattr(cfg, "alibi_bias_max", 8.0))),
+                                dtype=torch.float64)
+        source = f"Press et al. for {cfg.n_heads} heads"
     style = str(getattr(cfg, "alibi_style", "") or "").lower()
     causal = cfg.attention_dir == "causal"
     tokens = st.lists(st.integers(0, cfg.d_vocab - 1), min_size=1, max_size=2)
@@ -102,8 +109,8 @@ def alibi_slopes(case: Case) -> Plan:
         err = ((slopes - expected).abs() / allow).nan_to_num(nan=math.inf)
         h = int(err.argmax())
         return float(err.max()), (f"layer 0 head {h}: slope {fmt(float(slopes[h]))}, expected "
-                                  f"{fmt(float(expected[h]))} +- {fmt(float(allow[h]))} (Press et al. for "
-                                  f"{cfg.n_heads} heads); recovered {[round(float(s), 5) for s in slopes]}, "
+                                  f"{fmt(float(expected[h]))} +- {fmt(float(allow[h]))} ({source}); "
+                                  f"recovered {[round(float(s), 5) for s in slopes]}, "
                                   f"expected {[round(float(s), 5) for s in expected]}")
 
     def describe(example):

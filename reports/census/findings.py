@@ -115,8 +115,8 @@ _FALCON_ALIBI = ("Falcon with alibi=True (Falcon-RW) adds its ALiBi bias twice o
                  "and FalconAttention's eager branch adds alibi to the scores again before scaling them, so the "
                  "pattern's slopes are 2 / sqrt(head_dim) x Press et al.'s where the sdpa forward's are "
                  "1 / sqrt(head_dim) x (eager and sdpa logits differ by 1e-2 in float64; equal without ALiBi). "
-                 "The row's expected slopes are Press et al.'s: the check does not yet read the declared "
-                 "DesignFacts.alibi_slopes, which would still fail here by the factor 2.")
+                 "The row expects the declared slopes (DesignFacts.alibi_slopes, Press et al.'s / sqrt(head_dim)): "
+                 "the eager pattern's are twice those.")
 # the variant census's decoders whose cached decoding the witness shows crossing LongRoPE's switch (Gemma 3 keys its
 # rope by layer type, Phi-3 pins the switch at its shipped 4096; the others have no rope_parameters)
 _INV_FREQ = ("At float16 and bfloat16 the census checks a copy cast by Module.to(dtype), as model.half() casts: "
@@ -124,6 +124,10 @@ _INV_FREQ = ("At float16 and bfloat16 the census checks a copy cast by Module.to
              "rotation at high positions is off a float64 rotation of its own inputs by tens of u (22.6 u at "
              "position 127 in float16; 1.1 u for the same model built at float16, whose inv_freq stays float32, as "
              "from_pretrained(dtype=...) keeps it). Which configs cross the allowance depends on the head size.")
+_SOFTCAP_IGNORED = ("Gemma3TextConfig declares attn_logit_softcapping ('scaling factor when applying tanh softcapping "
+                    "on the attention scores'), but Gemma3Attention.forward passes no softcap to its attention "
+                    "function (Gemma2Attention passes softcap=self.attn_logit_softcapping): the scores are never "
+                    "capped, whatever the value (float64 logits with a cap of 0.01 equal those without one).")
 # the types whose drawn configs failed rotary_precision at a low precision, each witnessed on its minimal config
 ROUNDED_INV_FREQ = ("granitemoe", "qwen3_moe")
 LONGROPE_CACHE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi", "gpt_neox", "falcon", "starcoder2",
@@ -136,6 +140,9 @@ VARIANT_FINDINGS: tuple[Finding, ...] = (
     *(Finding(t, "rotary_precision", _INV_FREQ, "inv_freq_rounded_by_to",
               when=lambda config, dtype: dtype in ("float16", "bfloat16"), when_doc="checked at float16 or bfloat16")
       for t in ROUNDED_INV_FREQ),
+    Finding("gemma3_text", "attention_scale", _SOFTCAP_IGNORED, "softcap_ignored",
+            when=lambda config, dtype: getattr(config, "attn_logit_softcapping", None) is not None,
+            when_doc="attn_logit_softcapping is set"),
     *((Finding("falcon", "alibi_slopes", _FALCON_ALIBI, "falcon_alibi_added_twice",
                when=lambda config, dtype: bool(getattr(config, "alibi", False)), when_doc="alibi=True"),)
       if falcon_own_attention() else ()),  # the eager path at fault is gone where Falcon uses the interface

@@ -157,4 +157,24 @@ def inv_freq_rounded_by_to(model_type: str) -> str:
             f"(inv_freq {built.model.rotary_emb.inv_freq.dtype})")
 
 
-WITNESSES = {f.__name__: f for f in (longrope_cached_step_differs, falcon_alibi_added_twice, inv_freq_rounded_by_to)}
+def _capped_against_uncapped(model_type: str, cap: float) -> float:
+    """Largest |logit| difference, float64, between ``model_type`` with ``attn_logit_softcapping=cap`` and without
+    (the same seed, so the same weights)."""
+    capped = _model(model_type, {"attn_logit_softcapping": cap})
+    plain = _model(model_type, {"attn_logit_softcapping": None})
+    with torch.no_grad():
+        return float((capped(input_ids=TOKENS).logits - plain(input_ids=TOKENS).logits).abs().max())
+
+
+def softcap_ignored(model_type: str = "gemma3_text") -> str:
+    """Gemma 3's config declares attn_logit_softcapping, but its attention passes no softcap to the attention
+    function: a cap of 0.01, which squeezes every score into (-0.01, 0.01), leaves the float64 logits as they are
+    without one. Gemma 2, which passes softcap=self.attn_logit_softcapping, moves them (the witness can see a cap)."""
+    ignored, honoured = _capped_against_uncapped(model_type, 0.01), _capped_against_uncapped("gemma2", 0.01)
+    assert ignored == 0.0 and honoured > 1e-6, (ignored, honoured)  # float64: rounding alone is ~1e-16
+    return (f"{model_type}, float64: logits with attn_logit_softcapping=0.01 differ from those without by "
+            f"{ignored:.3g} (gemma2, which applies it: {honoured:.3g})")
+
+
+WITNESSES = {f.__name__: f for f in (longrope_cached_step_differs, falcon_alibi_added_twice, inv_freq_rounded_by_to,
+                                     softcap_ignored)}
