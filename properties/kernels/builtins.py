@@ -64,7 +64,8 @@ def sdpa_backend(backend: SDPBackend) -> Callable[..., Any]:
                scaling: Optional[float] = None, dropout: float = 0.0, **kw: Any) -> tuple[Tensor, None]:
         groups = query.shape[1] // key.shape[1]
         causal = attention_mask is None and bool(module.is_causal) and query.shape[2] == key.shape[2] > 1
-        with sdpa_kernel(backend):
+        with sdpa_kernel(backend), warnings.catch_warnings():  # a refusal is raised; its warnings repeat it
+            warnings.simplefilter("ignore")
             out = torch.nn.functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
                 enable_gqa=groups > 1)
