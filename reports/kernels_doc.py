@@ -48,6 +48,8 @@ def render(frame: pd.DataFrame, wide: pd.DataFrame, kernels: Sequence[Any], *, e
     failed = frame[frame.status == "fail"]
     not_run = [f"- `{k}`: {unavailable.get(k) or _first_reason(frame, k)}" for k in dict.fromkeys(frame.kernel)
                if k in gone]
+    na = frame[(frame.status == "n/a") & ~frame.kernel.isin(gone)].drop_duplicates(["kernel", "property"])
+    na_lines = [f"- `{r.kernel}` `{r.property}`: {r.reason}" for r in na.itertuples()]
     row_lines = [f"- `{r.name}`: {r.doc}" + (f" (needs `{r.feature}`)" if r.feature else "") for r in rows]
     findings = _findings()
     parts = [
@@ -57,9 +59,13 @@ def render(frame: pd.DataFrame, wide: pd.DataFrame, kernels: Sequence[Any], *, e
         f"under transformers {transformers_version} and torch {torch.__version__}, on CPU, {examples} examples per "
         f"row and dtype, seed {seed}. Each cell is the row's status and its worst ratio `deviation / allowance` "
         "(pass below 1); n/a rows are a feature the kernel does not take (its declared capabilities, or it "
-        "refuses every input: the reason is in the CSV-like frame `check_kernel` returns).",
+        "refuses every input: the reasons follow the table).",
         "",
         _md(ran),
+        "",
+        "Why each n/a (at the first dtype it occurs):",
+        "",
+        *na_lines,
         "",
         "## Rows",
         "",

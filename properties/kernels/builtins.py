@@ -6,7 +6,8 @@ for the family (Llama's plain one, Gemma-2's with a soft cap, gpt-oss's with sin
 ``torch.nn.functional.scaled_dot_product_attention`` pinned to one backend with ``sdpa_kernel`` (a backend
 this machine lacks refuses every call: its rows are n/a with the refusal). ``flex`` is torch's
 ``flex_attention`` with a ``score_mod`` (soft cap, additive mask) and sinks applied through the returned
-log-sum-exp (as transformers does on CUDA), run uncompiled. Kernels registered in
+log-sum-exp (as transformers does on CUDA), run uncompiled; ``flex_attention_uncompiled`` is transformers'
+``flex_attention_forward`` itself with its compile step swapped for the uncompiled call. Kernels registered in
 ``ALL_ATTENTION_FUNCTIONS`` that cannot run here are listed with the reason.
 """
 
@@ -23,6 +24,7 @@ import transformers
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import flex_attention
+from transformers.integrations import flex_attention as hf_flex
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
@@ -101,13 +103,34 @@ def flex(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask:
     return out.transpose(1, 2).contiguous(), None
 
 
+def _uncompiled(query: Tensor, key: Tensor, value: Tensor, training: bool = False, **kwargs: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flex_attention(query, key, value, **kwargs)
+
+
+def hf_flex_uncompiled(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+                       **kw: Any) -> Any:
+    """transformers' ``flex_attention_forward`` with its one ``torch.compile`` step replaced by uncompiled
+    ``flex_attention`` for the call (the same function compiled computes the same; compiling costs ~20 s a
+    shape here): its score_mod, mask slicing, GQA handling and sink rule are what is checked."""
+    saved = hf_flex.compile_friendly_flex_attention
+    hf_flex.compile_friendly_flex_attention = _uncompiled
+    try:
+        # annotated Tensor | BlockMask, but None is read as "no score mask" (score_mask = None)
+        return hf_flex.flex_attention_forward(module, query, key, value, attention_mask, **kw)  # type: ignore[arg-type]
+    finally:
+        hf_flex.compile_friendly_flex_attention = saved
+
+
 def _unavailable(name: str) -> str:
     if name.startswith("flash_attention"):
         have = importlib.util.find_spec("flash_attn") is not None
         return ("needs CUDA" if have else "the flash_attn package is not installed") + " (CUDA only)"
     if name == "flex_attention":
         return ("transformers compiles flex_attention (torch.compile) at each new shape: about 20 s per shape on "
-                "this 2-core CPU, past the suite's time goal; see the `flex` row for FlexAttention itself")
+                "this 2-core CPU, past the suite's time goal; `flex_attention_uncompiled` is the same function with "
+                "that one call uncompiled, and `flex` is FlexAttention itself")
     if "paged" in name:
         return "a paged kernel: it reads a paged KV cache (cu_seq_lens), not dense query/key/value"
     return "not run by this suite"
@@ -125,6 +148,9 @@ def builtins() -> dict[str, Callable[..., Any]]:
         "sdpa": _declare(_wrap(sdpa_attention_forward), "sdpa", Capabilities(
             softcap="transformers' sdpa raises on softcap", sinks=NO_SINKS, causal_flag=True)),
         "flex": _declare(flex, "flex", Capabilities()),
+        # transformers adds a tensor mask in its score_mod (a BlockMask is its other form): additive masks only
+        "flex_attention_uncompiled": _declare(hf_flex_uncompiled, "flex_attention_uncompiled", Capabilities(
+            mask_forms=EAGER_MASKS)),
     }
     for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                     SDPBackend.CUDNN_ATTENTION):

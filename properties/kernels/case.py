@@ -18,7 +18,7 @@ describe the same mask. ``mask="none"`` means nothing is masked, or, for a kerne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -54,7 +54,6 @@ class Case:
     layout: str = "contiguous"
     amplitude: float = 1.0  # scales q, so the scores reach a soft cap
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def scale(self) -> float:
