@@ -94,8 +94,11 @@ def grid(frame: pd.DataFrame) -> pd.DataFrame:
     return wide.sort_values(["_k", "_p"])[["kernel", "property", *dtypes]].reset_index(drop=True)
 
 
-def run(specs: Sequence[str], names: Sequence[str], dtypes: Sequence[str], max_examples: Optional[int], seed: int,
-        write_docs: bool, echo: Callable[[str], None]) -> pd.DataFrame:
+def run(specs: Sequence[str] = (), names: Sequence[str] = (), dtypes: Sequence[str] = ("float32",),
+        max_examples: Optional[int] = None, seed: int = 0, write_docs: bool = False,
+        echo: Callable[[str], None] = print) -> pd.DataFrame:
+    """Check the chosen kernels (:func:`select`) and print the table; ``write_docs`` rewrites docs/kernels.md
+    from every built-in at :data:`DOC_DTYPES`. Returns the long frame."""
     if write_docs and (specs or names):
         raise AttnlabError("--write-docs regenerates docs/kernels.md from every built-in: expected neither "
                            "--kernel nor --builtin with it")
