@@ -5,9 +5,10 @@ for the family (Llama's plain one, Gemma-2's with a soft cap, gpt-oss's with sin
 ``transformers.integrations.sdpa_attention.sdpa_attention_forward``; ``sdpa_<backend>`` is
 ``torch.nn.functional.scaled_dot_product_attention`` pinned to one backend with ``sdpa_kernel`` (a backend
 this machine lacks refuses every call: its rows are n/a with the refusal). ``flex`` is torch's
-``flex_attention`` with a ``score_mod`` (soft cap, additive mask) and sinks applied through the returned
-log-sum-exp (as transformers does on CUDA), run uncompiled; ``flex_attention_uncompiled`` is transformers'
-``flex_attention_forward`` itself with its compile step swapped for the uncompiled call. Kernels registered in
+``flex_attention`` with a ``block_mask`` (boolean masks), a ``score_mod`` (soft cap, additive mask) and sinks
+applied through the returned log-sum-exp (as transformers does on CUDA), run uncompiled (compiling costs
+~20 s a shape on this 2-core CPU); ``flex_attention_uncompiled`` is transformers' ``flex_attention_forward``
+itself with its compile step swapped for the uncompiled call. Kernels registered in
 ``ALL_ATTENTION_FUNCTIONS`` that cannot run here are listed with the reason.
 """
 
@@ -23,7 +24,7 @@ import torch
 import transformers
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import flex_attention
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from transformers.integrations import flex_attention as hf_flex
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -78,14 +79,19 @@ def sdpa_backend(backend: SDPBackend) -> Callable[..., Any]:
 def flex(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
          scaling: Optional[float] = None, softcap: Optional[float] = None, s_aux: Optional[Tensor] = None,
          **kw: Any) -> tuple[Tensor, None]:
-    """FlexAttention: soft cap and mask in a ``score_mod``; sinks rescale by ``sigmoid(lse - sink)``, since
-    ``softmax`` with one more logit ``s`` is ``softmax * 1 / (1 + exp(s - lse))``."""
-    additive = None
-    if attention_mask is not None:
-        additive = attention_mask
-        if attention_mask.dtype == torch.bool:
-            additive = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill(~attention_mask, -math.inf)
-        additive = additive.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    """FlexAttention: a boolean mask as a ``block_mask`` (its ``mask_mod`` reads the mask), an additive one and
+    the soft cap in a ``score_mod``; sinks rescale by ``sigmoid(lse - sink)``, since ``softmax`` with one more
+    logit ``s`` is ``softmax * 1 / (1 + exp(s - lse))``."""
+    shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    additive, block_mask = None, None
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        seen = attention_mask.expand(shape)
+
+        def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+            return seen[b, h, q, k]
+        block_mask = create_block_mask(mask_mod, *shape, device=str(query.device))
+    elif attention_mask is not None:
+        additive = attention_mask.expand(shape)
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
         if softcap is not None:
@@ -96,7 +102,7 @@ def flex(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask:
 
     with warnings.catch_warnings():  # uncompiled flex warns that it runs its reference path
         warnings.simplefilter("ignore")
-        out, lse = flex_attention(query, key, value, score_mod=score_mod, scale=scaling,
+        out, lse = flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
                                   enable_gqa=query.shape[1] != key.shape[1], return_lse=True)
     if s_aux is not None:
         out = out * torch.sigmoid(lse - s_aux.reshape(1, -1, 1).to(lse.dtype)).unsqueeze(-1).to(out.dtype)
