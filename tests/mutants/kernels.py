@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from properties.kernels import Capabilities
+from properties.kernels import Capabilities, check_kernel
 
 
 class RefKernel:
@@ -180,3 +180,17 @@ KERNEL_MUTANTS = (
     KernelMutant("masked_rows_mixed", MaskedRowsMixed("masked_rows_mixed"), "masked_rows",
                  "a fully masked row is NaN in a batch of one and 0 otherwise"),
 )
+
+
+def kill_matrix(dtype: str = "float32") -> list[tuple[str, str, list[str]]]:
+    """(mutant, its row, every row that fails it) at ``dtype``: ``python -m tests.mutants.kernels``."""
+    out = []
+    for m in KERNEL_MUTANTS:
+        frame = check_kernel(m.kernel, dtypes=(dtype,))
+        out.append((m.name, m.must_flag, list(frame[frame.status == "fail"].property)))
+    return out
+
+
+if __name__ == "__main__":
+    for name, row, failed in kill_matrix():
+        print(f"{name:22s} {'caught' if row in failed else 'ESCAPED'} by {row:15s} (fails: {', '.join(failed)})")
