@@ -9,6 +9,11 @@ A three-line pytest test (the model is yours; a plain ``nn.Module`` needs ``cfg=
 A failed property raises ``AssertionError`` listing each one with its shrunk counterexample;
 n/a rows never fail, unobservable rows (a hook the property needs never fires) do not fail
 unless ``allow_unobservable=False``.
+
+An attention kernel (transformers' AttentionInterface signature) the same way, through the kernel suite::
+
+    def test_my_kernel():
+        properties.testing.assert_kernel(my_attention_forward, dtype="bfloat16")
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import pandas as pd
 
 from harness.adapters.protocol import AnyModel
 from harness.errors import AttnlabTypeError
+from properties.kernels import check_kernel
 from properties.suite import check_model
 
 
@@ -61,4 +67,21 @@ def assert_properties(model: AnyModel, properties: Optional[list[str]] = None, s
         checked = int(table.status.isin(["pass", "fail"]).sum())
         raise RowsFailed(f"{len(lines)} of {len(table)} properties failed ({checked} checked, seed={seed}):\n"
                          + "\n".join(lines), table)
+    return table
+
+
+def assert_kernel(fn: Any, dtype: str = "float32", max_examples: Optional[int] = None, seed: int = 0,
+                  **kw: Any) -> pd.DataFrame:
+    """Run :func:`properties.kernels.check_kernel` on ``fn`` at ``dtype`` and raise AssertionError listing every
+    failed row with its shrunk counterexample; n/a rows (a feature the kernel declares it lacks, or refuses on
+    every input) never fail. ``**kw`` (e.g. ``properties=[...]``) goes to ``check_kernel``. Returns the table
+    when nothing failed."""
+    table = check_kernel(fn, dtypes=(dtype,), max_examples=max_examples, seed=seed, **kw)
+    bad = table[table.status == "fail"]
+    if not bad.empty:
+        lines = [f"- {r.property} ({r.dtype}): worst {r.worst:.3g} > allowance {r.allowance:.3g}; counterexample: "
+                 f"{r.counterexample}" for r in bad.itertuples()]
+        checked = int(table.status.isin(["pass", "fail"]).sum())
+        raise AssertionError(f"{len(bad)} of {len(table)} kernel properties failed ({checked} checked, dtype={dtype}, "
+                             f"seed={seed}):\n" + "\n".join(lines))
     return table

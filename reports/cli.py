@@ -20,7 +20,7 @@ import matplotlib
 from harness.adapters.placement import check_placement
 from harness.errors import AttnlabError
 from harness.training.tasks import TASKS
-from reports import defaults, external, figures, pipeline
+from reports import defaults, external, figures, kernels_command, pipeline
 from reports.census import command as census_command
 from reports.census import variants_command, variants_run
 from reports.defaults import comma
@@ -446,6 +446,23 @@ def census(only: tuple[str, ...], workers: int, timeout: int, no_cache: bool, ou
                        "--variants")
     census_command.run(only, workers=workers, timeout_s=timeout, use_cache=not no_cache, out=out,
                        write_docs=census_command.DOC if write_docs else None, echo=click.echo, bridge=bridge)
+
+
+@cli.command(short_help="Attention-kernel conformance table (docs/kernels.md).")
+@click.option("--kernel", "specs", multiple=True, metavar="MODULE:FN", help="A kernel with transformers' attention "
+              "signature fn(module, query, key, value, attention_mask, **kw) (repeatable).")
+@click.option("--builtin", "names", multiple=True, metavar="NAME", help="A built-in kernel (repeatable; default: "
+              "all of them when no --kernel is given).")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(kernels_command.DOC_DTYPES), default=("float32",),
+              show_default=True, help="Check at this dtype (repeatable).")
+@click.option("--max-examples", type=click.IntRange(min=1), default=None, help="Examples per row and dtype "
+              "(default: properties.kernels.DEFAULT_EXAMPLES).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the searches.")
+@click.option("--write-docs", is_flag=True, help="Rewrite docs/kernels.md from every built-in at three dtypes.")
+def kernels(specs: tuple[str, ...], names: tuple[str, ...], dtypes: tuple[str, ...], max_examples: Optional[int],
+            seed: int, write_docs: bool) -> None:
+    """Check attention kernels against a float64 reference, one row per attention feature."""
+    kernels_command.run(specs, names, dtypes, max_examples, seed, write_docs, echo=click.echo)
 
 
 @cli.command(short_help="Benchmark table for this machine.")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import click
 import pytest
 
-from reports import defaults, pipeline
+from reports import defaults, kernels_command, pipeline
 from reports.census import command as census_command
 from reports.census import variants_command
 from reports.cli import cli
@@ -28,6 +28,7 @@ TARGETS: dict[str, tuple[Callable, dict[str, str]]] = {
     "demo": (pipeline.demo, {}),
     "heal": (heal, {"out_dir": "out"}),
     "census": (census_command.run, {"timeout": "timeout_s"}),
+    "kernels": (kernels_command.run, {}),
 }
 # defaults of options that no pipeline parameter takes (the function has the argument without a default)
 CLI_ONLY = {
@@ -79,7 +80,7 @@ def test_each_click_default_equals_the_default_of_what_it_calls(command, param_n
 
 def test_the_comparison_sees_every_command_that_has_defaults():
     seen = {name for name, _, _ in _options_with_defaults()}
-    assert seen == {"check", "probe", "saturation", "demo", "heal", "bench", "census"}, seen
+    assert seen == {"check", "probe", "saturation", "demo", "heal", "bench", "census", "kernels"}, seen
     assert len(CASES) >= 20  # the tuple-valued ones (--seeds, --d-heads, --prune-fraction) included
 
 
