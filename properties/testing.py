@@ -76,12 +76,13 @@ def assert_kernel(fn: Any, dtype: str = "float32", max_examples: Optional[int] =
     failed row with its shrunk counterexample; n/a rows (a feature the kernel declares it lacks, or refuses on
     every input) never fail. ``**kw`` (e.g. ``properties=[...]``) goes to ``check_kernel``. Returns the table
     when nothing failed."""
+    __tracebackhide__ = True  # pytest shows the message, not this frame
     table = check_kernel(fn, dtypes=(dtype,), max_examples=max_examples, seed=seed, **kw)
     bad = table[table.status == "fail"]
     if not bad.empty:
         lines = [f"- {r.property} ({r.dtype}): worst {r.worst:.3g} > allowance {r.allowance:.3g}; counterexample: "
                  f"{r.counterexample}" for r in bad.itertuples()]
         checked = int(table.status.isin(["pass", "fail"]).sum())
-        raise AssertionError(f"{len(bad)} of {len(table)} kernel properties failed ({checked} checked, dtype={dtype}, "
-                             f"seed={seed}):\n" + "\n".join(lines))
+        raise RowsFailed(f"{len(bad)} of {len(table)} kernel properties failed ({checked} checked, dtype={dtype}, "
+                         f"seed={seed}):\n" + "\n".join(lines), table)
     return table
