@@ -29,7 +29,7 @@ from reports.census import bridge as census_bridge
 from reports.census import repro_readme, repro_templates, repro_templates_more
 from reports.census.enumerate import by_name
 from reports.census.repro_run import run_all
-from reports.census.repro_select import DOCS, Repro, config_values, for_type, live
+from reports.census.repro_select import CLAIMS, DOCS, Repro, config_values, for_type, live
 from reports.census.repro_sites import SITES
 
 FINDINGS_DIR = DOCS / "findings"
@@ -79,7 +79,8 @@ def _docstring(repro: Repro, class_name: str, sites: list[str]) -> str:
     lines += [wrap(f"Made with {versions(repro)}. The model is the census's tiny random {class_name}: CONFIG below, "
                    f"weights from torch.manual_seed(0), no download. Witness in attnlab: "
                    f"{WITNESS_FILES[repro.source]}::{repro.witness}."), "",
-              "Expected and observed: printed by the script, with the numbers.", "",
+              wrap(f"Expected: {CLAIMS[repro.witness][0]}. Observed: {CLAIMS[repro.witness][1]} (the script prints "
+                   "both, with the numbers)."), "",
               "Lines at fault (the installed source when this file was made):",
               *(f"  {s}" for s in sites), "",
               f"Run: python {repro.filename}  (exit 1 while the bug is present, 0 once it is fixed, 2 when a control",

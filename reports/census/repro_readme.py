@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from reports.census.repro_run import Outcome
-from reports.census.repro_select import Repro
+from reports.census.repro_select import CLAIMS, Repro
 
 INTRO = """# Census findings, reproduced without attnlab
 
@@ -38,11 +38,14 @@ def render(repros: list[Repro], outputs: dict[str, Outcome], sites: dict[str, li
         kinds.setdefault(repro.witness, []).append(repro)
     for witness, group in sorted(kinds.items()):
         types = ", ".join(r.model_type for r in group)
-        lines += [f"## {witness} ({types})", "", group[0].findings[0].summary, ""]
+        expected, observed = CLAIMS[witness]
+        lines += [f"## {witness} ({types})", "", group[0].findings[0].summary, "",
+                  f"Expected: {expected}. Observed: {observed}.", ""]
         for repro in group:
             out = outputs[repro.filename]
             lines += [f"### {repro.model_type}: {', '.join(repro.props)} ({repro.source} census)", "",
                       f"- Script: [`{repro.filename}`]({repro.filename}); made with {versions(repro)}.",
                       f"- Output (exit {out.returncode}):", *_block(out.stdout or out.stderr[-2000:]),
-                      "- At fault:", *(f"  - `{s}`" for s in sites[repro.filename]), ""]
+                      "- At fault:", *(f"  - `{s}`" for s in sites[repro.filename]),
+                      f"- Run: `python docs/findings/{repro.filename}` (exit 1 while the bug is present).", ""]
     return "\n".join(lines).rstrip() + "\n"

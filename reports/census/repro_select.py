@@ -20,6 +20,35 @@ from reports.census.findings import BRIDGE_FINDINGS, FINDINGS, VARIANT_FINDINGS,
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
+# (expected, observed) per witness kind, in words; the script prints both with the numbers
+CLAIMS = {
+    "left_padding_moves_positions": ("a masked left pad changes no real token's logits, cached or not",
+                                     "they move: every real token is numbered one position on"),
+    "padding_leaks_into_real_tokens": ("a masked pad's token id does not reach the real tokens",
+                                       "changing it moves the real tokens' logits"),
+    "window_ignored": ("no query attends to a key further back than config.sliding_window",
+                       "the last of w + 2 queries puts weight on key 0"),
+    "logits_depend_on_length": ("position 0's logits do not depend on the positions after it, so cached decoding "
+                                "equals the full forward", "appending a token moves them, whatever its id"),
+    "future_leaks_after_an_offset": ("with position_ids 1..4, positions 0..2 do not see token 3",
+                                     "their logits move when token 3 changes"),
+    "left_pad_shifts_compressed_windows": ("one masked left pad leaves the last logits unchanged",
+                                           "they move, with the cache and without it"),
+    "chunked_prefill_drops_state": ("cached decoding in chunks equals the full forward",
+                                    "a chunk of three tokens after the prompt is off; one token at a time is exact"),
+    "cached_chunk_differs": ("cached decoding of a chunk of two tokens equals the full forward",
+                             "it is off; one token at a time is exact"),
+    "longrope_cached_step_differs": ("cached decoding past original_max_position_embeddings equals the full "
+                                     "forward", "it is off under longrope; exact under default rope"),
+    "inv_freq_rounded_by_to": ("the float16 rotation at position 127 is within a few u of a float64 rotation",
+                               "after .to(float16) it is tens of u off (inv_freq rounded to float16)"),
+    "bridge_not_causal": ("the bridge, given attention_mask=[[1, 1]], is causal like the raw model",
+                          "position 0's logits move when token 1 changes"),
+    "bridge_attn_scores_is_pattern": ("hook_pattern = softmax(hook_attn_scores)",
+                                      "hook_attn_scores is the post-softmax pattern itself"),
+    "bridge_z_is_o_proj_input": ("hook_z = hook_pattern . hook_v", "hook_z is o_proj's input, after a later step"),
+    "bridge_v_before_v_norm": ("hook_z = hook_pattern . hook_v", "hook_v is taken before v_norm")}
+
 
 @dataclass(frozen=True)
 class Repro:

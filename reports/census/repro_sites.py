@@ -61,16 +61,22 @@ def _left_pad(model_type: str, class_name: str) -> list[str]:
                       r"self\.position_embeddings\(", after=r"^class \w+Decoder\(")]
 
 
-_LEAKS = {"convbert": ("ConvBertSelfAttention", r"self\.key_conv_attn_layer\(hidden_states"),
-          "mobilebert": ("MobileBertEmbeddings", r"if self\.trigram_input:"),
-          "yoso": ("YosoSelfAttention", r"attention_mask = 1\.0 \+ attention_mask"),
-          "recurrent_gemma": ("RecurrentGemmaRecurrentBlock", r"self\.conv_1d\(x_branch\)"),
-          "rwkv": ("RwkvModel", r"attention_mask. was passed, but it is unused")}
+_LEAKS = {"convbert": ("ConvBertSelfAttention", r"self\.key_conv_attn_layer\(hidden_states",
+                       "the span convolution reads the pad's hidden state; the mask only reaches the attention scores"),
+          "mobilebert": ("MobileBertEmbeddings", r"if self\.trigram_input:",
+                         "the trigram concatenates each token's neighbours' embeddings, the pad's included"),
+          "yoso": ("YosoSelfAttention", r"attention_mask = 1\.0 \+ attention_mask",
+                   "YosoModel passes the 0/1 mask, not an additive one: .int() of 1 + mask / 10000 is 1 for a pad "
+                   "too, so no key is masked"),
+          "recurrent_gemma": ("RecurrentGemmaRecurrentBlock", r"self\.conv_1d\(x_branch\)",
+                              "the temporal convolution and the RG-LRU never read attention_mask"),
+          "rwkv": ("RwkvModel", r"attention_mask. was passed, but it is unused",
+                   "the recurrence never reads attention_mask")}
 
 
 def _leak(model_type: str, class_name: str) -> list[str]:
-    owner, pattern = _LEAKS[model_type]
-    return [site(_module(class_name), pattern, after=rf"^class {owner}\(")]
+    owner, pattern, why = _LEAKS[model_type]
+    return [site(_module(class_name), pattern, after=rf"^class {owner}\(") + f"  -- {why}"]
 
 
 def _moshi(model_type: str, class_name: str) -> list[str]:
@@ -83,9 +89,12 @@ def _moshi(model_type: str, class_name: str) -> list[str]:
 
 def _prophetnet(model_type: str, class_name: str) -> list[str]:
     mod = _module(class_name)
+    # not pinned to one line: the id of a later token reaches nothing, only how many follow, so where to start
+    # looking is what the decoder derives from the sequence length (positions, relative buckets)
+    where = "  -- where to start: the script shows the effect, the line is not pinned"
     return [site(mod, r"main_stream_pos_embed, position_ids = self\.position_embeddings\(",
-                 after=r"^class ProphetNetDecoder\("),
-            site(mod, r"def compute_buffered_relative_buckets")]
+                 after=r"^class ProphetNetDecoder\(") + where,
+            site(mod, r"def compute_buffered_relative_buckets") + where]
 
 
 def _deepseek_v4(model_type: str, class_name: str) -> list[str]:
