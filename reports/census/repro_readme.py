@@ -43,7 +43,8 @@ def render(repros: list[Repro], outputs: dict[str, Outcome], sites: dict[str, li
                   f"Expected: {expected}. Observed: {observed}.", ""]
         for repro in group:
             out = outputs[repro.filename]
-            lines += [f"### {repro.model_type}: {', '.join(repro.props)} ({repro.source} census)", "",
+            census = "census" if repro.source == "census" else f"{repro.source} census"
+            lines += [f"### {repro.model_type}: {', '.join(repro.props)} ({census})", "",
                       f"- Script: [`{repro.filename}`]({repro.filename}); made with {versions(repro)}.",
                       f"- Output (exit {out.returncode}):", *_block(out.stdout or out.stderr[-2000:]),
                       "- At fault:", *(f"  - `{s}`" for s in sites[repro.filename]),

@@ -47,7 +47,10 @@ def site(module: str, pattern: str, after: str = "") -> str:
     if found < 0:
         raise SiteNotFound(f"{module}: no line matches {pattern!r}" + (f" after {after!r}" if after else ""))
     rel = module.replace(".", "/") + ".py"
-    return f"{rel}:{found + 1} ({_owner(lines, found)}): {lines[found].strip()}"
+    owner = _owner(lines, found)
+    named = re.match(r"\s*(?:async\s+)?(?:def|class)\s+(\w+)", lines[found])
+    owner = f"{owner}.{named.group(1)}" if named and owner != "module level" else named.group(1) if named else owner
+    return f"{rel}:{found + 1} ({owner}): {lines[found].strip()}"
 
 
 def _module(class_name: str) -> str:
