@@ -22,6 +22,7 @@ from harness.errors import AttnlabError
 from harness.training.tasks import TASKS
 from reports import defaults, external, figures, kernels_command, pipeline
 from reports.census import command as census_command
+from reports.census import repro as census_repro
 from reports.census import variants_command, variants_run
 from reports.defaults import comma
 from reports.heal import heal as run_heal
@@ -412,7 +413,8 @@ def export(run_dir: str, out_dir: str) -> None:
               help="Seconds per model type before it is recorded as timed out.")
 @click.option("--no-cache", is_flag=True, help="Recompute every result (the cache is keyed by transformers version "
               "and the code that decides a result).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the results as CSV here.")
+@click.option("--out", type=click.Path(path_type=Path), help="Write the results as CSV here (with --repro: the folder "
+              "for the scripts, default the current directory).")
 @click.option("--write-docs", "write_docs", is_flag=True, help="Rewrite the census section of docs/models.md and its "
               "heatmap (with --bridge: the bridge section and docs/census_bridge.json).")
 @click.option("--bridge", is_flag=True, help="Check each model through TransformerLens's bridge instead of HFAdapter "
@@ -428,10 +430,24 @@ def export(run_dir: str, out_dir: str) -> None:
 @click.option("--dtype-variants", type=click.IntRange(min=0), default=None, metavar="K",
               help="With --variants: only the first K drawn configs of each type run at the dtypes after the first "
               "(default: all N).")
-def census(only: tuple[str, ...], workers: int, timeout: int, no_cache: bool, out: Optional[Path],
+@click.option("--repro", metavar="TYPE", default=None, help="Write one standalone Python file per live finding of "
+              "TYPE (torch and transformers only; exit 1 while the bug is present) into --out, and print the paths.")
+@click.pass_context
+def census(ctx: click.Context, only: tuple[str, ...], workers: int, timeout: int, no_cache: bool, out: Optional[Path],
            write_docs: bool, bridge: bool, variants: Optional[int], seed: int, dtypes: tuple[str, ...],
-           dtype_variants: Optional[int]) -> None:
+           dtype_variants: Optional[int], repro: Optional[str]) -> None:
     """Build every causal/masked/seq2seq LM model type tiny and random, check it, and give it one result."""
+    if repro is not None:
+        given = [f"--{name.replace('_', '-')}" for name in ctx.params if name not in ("repro", "out")
+                 and ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise CliError(f"error: --repro writes one type's reproductions and takes only --out, not "
+                           f"{' '.join(given)}")
+        for path in census_repro.write_type(repro, out if out is not None else Path.cwd()):
+            click.echo(str(path))
+        return
+    if out is not None and out.is_dir():
+        raise CliError(f"error: --out {out} is a folder: expected the CSV file to write (a folder only with --repro)")
     if variants is not None:
         if bridge or out is not None:
             raise CliError("error: --variants takes neither --bridge nor --out (its rows go to "

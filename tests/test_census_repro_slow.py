@@ -1,0 +1,48 @@
+"""docs/findings/, slow tier: every script still reproduces its bug on the pinned versions, run as a maintainer
+would (a fresh interpreter outside the repository, no PYTHONPATH), and the folder is what the generator writes
+today (the scripts byte for byte; README.md from the outputs this run recorded)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from reports.census import repro, repro_readme
+from reports.census.enumerate import by_name
+from reports.census.repro_run import run_all
+from reports.census.repro_select import live
+from reports.census.repro_sites import SITES
+
+pytestmark = pytest.mark.slow
+# a number at rounding level (a control's 1e-17) may differ in its digits from run to run with the threads' reduction
+# order; anything 1e-6 and larger is evidence and must match
+_ROUNDING = re.compile(r"\d(\.\d+)?e-(0[7-9]|[1-9]\d)")
+
+
+def _evidence(text: str) -> str:
+    return _ROUNDING.sub("(rounding)", text)
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    """Each docs/findings script's outcome, two at a time (the tiny models take seconds; imports dominate)."""
+    return run_all(sorted(repro.FINDINGS_DIR.glob("*__*.py")), workers=2)
+
+
+def test_every_script_still_reproduces(outcomes) -> None:
+    assert outcomes, "docs/findings holds no script: python -m reports.census.repro --write-docs"
+    for name, out in outcomes.items():
+        # exit 1: the bug is present; each prints expected against observed with its numbers
+        assert out.returncode == 1, (name, out.returncode, out.stdout, out.stderr[-2000:])
+        assert "expected:" in out.stdout and "observed" in out.stdout and "BUG PRESENT" in out.stdout, name
+
+
+def test_docs_findings_is_what_the_generator_writes(outcomes) -> None:
+    repros = live()
+    assert sorted(outcomes) == sorted(r.filename for r in repros), "stale or missing scripts: regenerate"
+    for r in repros:
+        assert (repro.FINDINGS_DIR / r.filename).read_text() == repro.render(r), f"{r.filename}: regenerate"
+    sites = {r.filename: SITES[r.witness](r.model_type, by_name()[r.model_type].class_name) for r in repros}
+    readme = repro_readme.render(repros, outcomes, sites, repro.versions)
+    assert _evidence((repro.FINDINGS_DIR / "README.md").read_text()) == _evidence(readme), "README.md: regenerate"
