@@ -4,7 +4,6 @@ length-dependent rotary scalings are declared designs, read by the adapter (harn
 from __future__ import annotations
 
 import pytest
-import torch
 
 from harness.adapters import adapt
 from reports.census import findings
@@ -49,14 +48,3 @@ def test_a_stack_whose_layers_never_rotate_is_position_free():
 
 def test_every_rounded_inv_freq_finding_has_its_witness_config():
     assert set(findings.ROUNDED_INV_FREQ) == set(witness.ROUNDED_INV_FREQ)
-
-
-def test_bloom_in_float64_is_nan_after_a_masked_left_pad():
-    """The evidence behind findings.VARIANT_DIAGNOSES' Bloom kv_cache row: the raw model's real tokens get NaN logits
-    in float64 after a masked left pad (finite in float32), so its float64 twin cannot measure an allowance."""
-    changes = {"hidden_size": 160, "n_head": 5}
-    tokens, mask = torch.tensor([[0, 33, 0, 4]]), torch.tensor([[0, 1, 1, 1]])
-    with torch.no_grad():
-        wide = _model("bloom", changes)(input_ids=tokens, attention_mask=mask).logits[:, 1:]
-        narrow = _model("bloom", changes).float()(input_ids=tokens, attention_mask=mask).logits[:, 1:]
-    assert bool(wide.isnan().any()) and bool(narrow.isfinite().all())

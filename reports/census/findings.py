@@ -196,16 +196,8 @@ BRIDGE_DIAGNOSES: tuple[Diagnosis, ...] = ()
 
 
 # Untriaged variant rows whose cause is known and lies in attnlab's checks (files outside the census): they stay
-# untriaged, and the docs give the cause, until the check is fixed.
-VARIANT_DIAGNOSES: tuple[Diagnosis, ...] = (
-    Diagnosis("kv_cache", ("bloom",),
-              "Bloom in float64 turns a masked left pad into NaN at the real tokens (raw model: [[0, 33, 0, 4]] with "
-              "mask [[0, 1, 1, 1]] gives NaN logits in float64, finite ones in float32: tests/"
-              "test_census_variants_witness.py::test_bloom_in_float64_is_nan_after_a_masked_left_pad), so the "
-              "float64 twin that "
-              "measures kv_cache's allowance (properties/precision.py) has no finite deviation, and the float32 "
-              "row's one-ulp rounding (2.4e-7 on logits of ~3) exceeds the floor it falls back to."),
-)
+# untriaged, and the docs give the cause, until the check is fixed. None open under the installed transformers.
+VARIANT_DIAGNOSES: tuple[Diagnosis, ...] = ()
 
 
 def variant_diagnosis(model_type: str, prop: str) -> str:

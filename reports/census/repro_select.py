@@ -47,7 +47,9 @@ CLAIMS = {
     "bridge_attn_scores_is_pattern": ("hook_pattern = softmax(hook_attn_scores)",
                                       "hook_attn_scores is the post-softmax pattern itself"),
     "bridge_z_is_o_proj_input": ("hook_z = hook_pattern . hook_v", "hook_z is o_proj's input, after a later step"),
-    "bridge_v_before_v_norm": ("hook_z = hook_pattern . hook_v", "hook_v is taken before v_norm")}
+    "bridge_v_before_v_norm": ("hook_z = hook_pattern . hook_v", "hook_v is taken before v_norm"),
+    "softcap_ignored": ("attn_logit_softcapping caps the attention scores, so a cap of 0.01 changes the logits",
+                        "they are exactly the uncapped model's")}
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def for_type(model_type: str) -> list[Repro]:
 
 def variant_changes(model_type: str, finding: Finding) -> dict[str, Any]:
     """The smallest minimal failing config docs/census_variants.json holds for this finding, else the witness's own
-    (LongRoPE over the type's shrunk head size: most types' drawn configs never drew it)."""
+    (LongRoPE over the type's shrunk head size: most types' drawn configs never drew it; a soft cap)."""
     rows = json.loads((DOCS / "census_variants.json").read_text())["rows"]
     found = [r["minimal"] for r in rows if r["job"]["model_type"] == model_type and r["minimal"] is not None
              and finding.prop in (r["minimal_result"] or r["result"]).get("failures", {})]
@@ -107,6 +109,8 @@ def variant_changes(model_type: str, finding: Finding) -> dict[str, Any]:
         return min(found, key=lambda m: (len(m), json.dumps(m, sort_keys=True)))
     if finding.witness == "longrope_cached_step_differs":
         return {"rope_parameters": longrope_parameters(model_type)}
+    if finding.witness == "softcap_ignored":
+        return {"attn_logit_softcapping": 0.01}  # the witness's own cap; the script builds with and without it
     raise AttnlabError(f"{model_type}: no minimal failing config of {finding.prop} in docs/census_variants.json")
 
 

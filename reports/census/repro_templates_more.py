@@ -196,9 +196,45 @@ bug = off > 1e-2 and with_norm < 1e-4
 broken = "" if layers and gap < 1e-4 else f"no v_norm found, or the bridge's logits are {gap:.3g} off the raw model's"
 '''
 
+SOFTCAP_IGNORED = '''
+tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+plain, capped = build(attn_logit_softcapping=None), build(attn_logit_softcapping=0.01)  # the same weights (seed 0)
+
+
+def logits(model):
+    with torch.no_grad():
+        return model(input_ids=tokens).logits
+
+
+# A cap of 0.01 squeezes every attention score into (-0.01, 0.01): the attention turns near uniform.
+ignored = float((logits(capped) - logits(plain)).abs().max())
+print(f"expected: attn_logit_softcapping=0.01 changes the logits; observed: they differ from the uncapped model's "
+      f"by {ignored:.3g}")
+
+
+# control: the same capped model through an attention function that applies config.attn_logit_softcapping itself
+# (Gemma 2's eager kernel, given softcap= as Gemma2Attention passes it), so a cap that is applied is seen
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as capped_eager
+
+
+def applies_the_cap(module, query, key, value, attention_mask, **kwargs):
+    kwargs["softcap"] = module.config.attn_logit_softcapping
+    return capped_eager(module, query, key, value, attention_mask, **kwargs)
+
+
+transformers.AttentionInterface.register("applies_the_cap", applies_the_cap)
+capped.set_attn_implementation("applies_the_cap")
+applied = float((logits(capped) - logits(plain)).abs().max())
+print(f"control: with the cap applied the logits move by {applied:.3g}")
+# an applied cap moves them by ~1e-3 and more; float64 rounding of this tiny model is below 1e-13
+bug = ignored < 1e-12
+broken = "" if applied > 1e-6 else f"an applied cap moves the logits by only {applied:.3g}"
+'''
+
 BY_WITNESS = {"longrope_cached_step_differs": LONGROPE_CACHED_STEP_DIFFERS,
               "inv_freq_rounded_by_to": INV_FREQ_ROUNDED_BY_TO,
               "bridge_not_causal": BRIDGE_NOT_CAUSAL,
               "bridge_attn_scores_is_pattern": BRIDGE_ATTN_SCORES_IS_PATTERN,
               "bridge_z_is_o_proj_input": BRIDGE_Z_IS_O_PROJ_INPUT,
-              "bridge_v_before_v_norm": BRIDGE_V_BEFORE_V_NORM}
+              "bridge_v_before_v_norm": BRIDGE_V_BEFORE_V_NORM,
+              "softcap_ignored": SOFTCAP_IGNORED}
