@@ -22,6 +22,7 @@ from harness.errors import AttnlabError
 from harness.training.tasks import TASKS
 from reports import defaults, external, figures, kernels_command, pipeline
 from reports.census import command as census_command
+from reports.census import executor as census_executor
 from reports.census import repro as census_repro
 from reports.census import variants_command, variants_run
 from reports.defaults import comma
@@ -408,7 +409,12 @@ def export(run_dir: str, out_dir: str) -> None:
 @click.option("--only", multiple=True, metavar="TYPE", help="Only these model types (repeatable); an unknown one lists "
               "the close matches.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Worker processes (one model type each).")
+              help="Worker processes of the local executor (one model type each).")
+@click.option("--executor", type=click.Choice(census_executor.KINDS), default="local", show_default=True,
+              help="Where the model types (or drawn configs) run: local worker processes, or one Ray task each "
+              "(pip install 'attnlab[ray]'; a local Ray instance unless --address).")
+@click.option("--address", default=None, metavar="ADDR", help="With --executor ray: the running Ray cluster to use "
+              "(HOST:PORT as `ray start --head` prints it, or auto).")
 @click.option("--timeout", type=click.IntRange(min=1), default=census_command.TIMEOUT_S, show_default=True,
               help="Seconds per model type before it is recorded as timed out.")
 @click.option("--no-cache", is_flag=True, help="Recompute every result (the cache is keyed by transformers version "
@@ -433,9 +439,9 @@ def export(run_dir: str, out_dir: str) -> None:
 @click.option("--repro", metavar="TYPE", default=None, help="Write one standalone Python file per live finding of "
               "TYPE (torch and transformers only; exit 1 while the bug is present) into --out, and print the paths.")
 @click.pass_context
-def census(ctx: click.Context, only: tuple[str, ...], workers: int, timeout: int, no_cache: bool, out: Optional[Path],
-           write_docs: bool, bridge: bool, variants: Optional[int], seed: int, dtypes: tuple[str, ...],
-           dtype_variants: Optional[int], repro: Optional[str]) -> None:
+def census(ctx: click.Context, only: tuple[str, ...], workers: int, executor: str, address: Optional[str],
+           timeout: int, no_cache: bool, out: Optional[Path], write_docs: bool, bridge: bool, variants: Optional[int],
+           seed: int, dtypes: tuple[str, ...], dtype_variants: Optional[int], repro: Optional[str]) -> None:
     """Build every causal/masked/seq2seq LM model type tiny and random, check it, and give it one result."""
     if repro is not None:
         given = [f"--{name.replace('_', '-')}" for name in ctx.params if name not in ("repro", "out")
@@ -453,7 +459,7 @@ def census(ctx: click.Context, only: tuple[str, ...], workers: int, timeout: int
             raise CliError("error: --variants takes neither --bridge nor --out (its rows go to "
                            "docs/census_variants.json with --write-docs)")
         variants_command.run(variants, only, seed=seed, dtypes=dtypes, dtype_variants=dtype_variants,
-                             workers=workers, timeout_s=timeout,
+                             workers=workers, timeout_s=timeout, executor=executor, address=address,
                              use_cache=not no_cache, write_docs=census_command.DOC if write_docs else None,
                              echo=click.echo)
         return
@@ -461,7 +467,8 @@ def census(ctx: click.Context, only: tuple[str, ...], workers: int, timeout: int
         raise CliError("error: --seed, --dtype and --dtype-variants choose the drawn configs of --variants N: add "
                        "--variants")
     census_command.run(only, workers=workers, timeout_s=timeout, use_cache=not no_cache, out=out,
-                       write_docs=census_command.DOC if write_docs else None, echo=click.echo, bridge=bridge)
+                       write_docs=census_command.DOC if write_docs else None, echo=click.echo, bridge=bridge,
+                       executor=executor, address=address)
 
 
 @cli.command(short_help="Attention-kernel conformance table (docs/kernels.md).")

@@ -18,7 +18,7 @@ import transformers
 from harness.adapters import HFAdapter
 from harness.errors import AttnlabError
 from reports.census import classify as classify_mod
-from reports.census import command, render, run, shrink
+from reports.census import command, executor, render, run, shrink
 from reports.census.classify import CATEGORIES, Result, classify
 from reports.census.enumerate import MAPPINGS, by_name, model_types
 from reports.census.findings import FINDINGS
@@ -85,7 +85,7 @@ def test_a_timeout_is_recorded_with_its_stage(monkeypatch):
         time.sleep(5)
 
     monkeypatch.setattr(run, "classify", slow)
-    run._init_worker()
+    executor.init_worker()
     result = run.run_one(by_name()["llama"], timeout_s=1)
     assert result["category"] == "unsupported" and "timed out after 1s at stage 'check'" in result["reason"]
 
@@ -95,7 +95,8 @@ def test_cached_results_are_not_rebuilt(tmp_path, monkeypatch):
     types = [by_name()["mamba"]]
     first = run.census(types, workers=1)
     assert (run.cache_dir() / "mamba.json").exists() and first[0].category == "no attention"
-    monkeypatch.setattr(run, "_run_pool", lambda *a, **k: pytest.fail("rebuilt a cached result"))
+    monkeypatch.setattr(executor.LocalPool, "map",
+                        lambda self, work, todo, *a: pytest.fail("rebuilt a cached result") if todo else iter(()))
     assert run.census(types, workers=1)[0] == first[0]
     assert run.cache_key().startswith("transformers-")
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import AttnlabError
-from reports.census import command, run, variants, variants_command, variants_render, variants_run
+from reports.census import command, executor, variants, variants_command, variants_render, variants_run
 from reports.census.classify import Result
 from reports.census.enumerate import by_name
 from reports.census.findings import variant_diagnosis
@@ -72,7 +72,7 @@ def test_a_seeded_draw_is_reproducible_and_starts_at_the_shrunk_default():
 
 
 def test_a_config_transformers_refuses_is_its_own_category():
-    run._init_worker()
+    executor.init_worker()
     job = variants_run.Job("llama", "causal_lm", "LlamaForCausalLM", 0, "float32", {"hidden_act": "no-such-act"})
     result = variants_run.attempt(job, job.changes, timeout_s=60)
     assert result.category == variants_run.REFUSED, result

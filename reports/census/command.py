@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from reports.census import bridge as census_bridge
 from reports.census import conformance, render
 from reports.census.classify import Result
 from reports.census.enumerate import ModelType, by_name
-from reports.census.run import TIMEOUT_S, census
+from reports.census.executor import open_executor
+from reports.census.run import TIMEOUT_S, cache_key, census
 
 __all__ = ["DOC", "TIMEOUT_S", "frame", "run", "select"]
 
@@ -52,8 +54,10 @@ def frame(results: list[Result], raw: Optional[conformance.Raw] = None) -> pd.Da
 
 def run(only: tuple[str, ...] = (), *, workers: int = 1, timeout_s: int = TIMEOUT_S, use_cache: bool = True,
         out: Optional[Path] = None, write_docs: Optional[Path] = None,
-        echo: Callable[[str], None] = print, bridge: bool = False) -> list[Result]:
-    """Run the census (``only`` limits it; through TransformerLens's bridge when ``bridge``), print a line per model
+        echo: Callable[[str], None] = print, bridge: bool = False, executor: str = "local",
+        address: Optional[str] = None) -> list[Result]:
+    """Run the census (``only`` limits it; through TransformerLens's bridge when ``bridge``) on ``executor`` (local:
+    ``workers`` processes; ray: Ray tasks, on the cluster at ``address`` or a local instance), print a line per model
     type and the summary, write what was asked."""
     if workers < 1 or workers > (os.cpu_count() or 1) * 4:
         raise AttnlabError(f"--workers {workers} is invalid: expected 1..{(os.cpu_count() or 1) * 4}")
@@ -62,11 +66,14 @@ def run(only: tuple[str, ...] = (), *, workers: int = 1, timeout_s: int = TIMEOU
     types = select(only)
     if write_docs is not None and only:
         raise AttnlabError("--write-docs writes the whole census: drop --only")
-    start = time.perf_counter()
-    results = census(types, workers=workers, timeout_s=timeout_s, use_cache=use_cache, bridge=bridge,
-                     progress=lambda r: echo(f"{r.model_type:28s} {r.category:18s} {r.seconds:6.1f}s {r.reason}"))
-    wall = time.perf_counter() - start
-    ran = f"This run: {wall:.0f} s wall on {workers} worker(s), {sum(r.seconds for r in results):.0f} s of model time."
+    with open_executor(executor, workers=workers, address=address,
+                       fingerprint=functools.partial(cache_key, bridge)) as pool:
+        start = time.perf_counter()
+        results = census(types, timeout_s=timeout_s, use_cache=use_cache, bridge=bridge, pool=pool,
+                         progress=lambda r: echo(f"{r.model_type:28s} {r.category:18s} {r.seconds:6.1f}s {r.reason}"))
+        wall = time.perf_counter() - start
+        ran = f"This run: {wall:.0f} s wall on {pool.describe()}, {sum(r.seconds for r in results):.0f} s of model " \
+              f"time."
     if bridge:
         return _bridge_report(results, ran, out, write_docs, echo)
     echo(render.summary_line(results).replace("**", "") + " " + ran)

@@ -1,8 +1,9 @@
 """Running the census: every model type, sharded over worker processes, cached by version.
 
-Each model type is classified in a worker process (fork, one torch thread) under a timeout; a
-timeout or a dead worker is that type's result (``unsupported``, the stage it reached named), and
-the census goes on. Results are cached as JSON under ``$ATTNLAB_CACHE/census/<key>/`` (default
+Each model type is classified in a worker process (one torch thread) under a timeout; a timeout or a
+dead worker is that type's result (``unsupported``, the stage it reached named), and the census goes
+on. The workers are an executor's (reports/census/executor.py): a local fork pool by default, or Ray
+tasks. Results are cached as JSON under ``$ATTNLAB_CACHE/census/<key>/`` (default
 ``~/.cache/attnlab``), where the key is the transformers version plus a hash of the code that decides
 a result (this package, the adapters, the properties): an unchanged version does not rebuild. The bridge
 census (``bridge=True``: reports/census/bridge.py) caches beside it under its own key, which adds the mode
@@ -11,10 +12,9 @@ and TransformerLens's version.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import functools
 import hashlib
 import json
-import multiprocessing
 import os
 import signal
 import time
@@ -22,21 +22,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 import transformers
 
 from reports.census import bridge as census_bridge
 from reports.census.classify import Result, classify
 from reports.census.enumerate import ModelType, model_types
+from reports.census.executor import Executor, LocalPool, TimedOut
 
 TIMEOUT_S = 120  # per model type: building and checking a tiny model takes seconds; a minute means a stuck path
 ROOT = Path(__file__).resolve().parents[2]
 # the code a result depends on: a change here invalidates the cache
 CODE = ("reports/census", "harness/adapters", "harness/model", "properties")
-
-
-class TimedOut(BaseException):
-    """Raised in a worker by its alarm: a BaseException, so no ``except Exception`` of a stage swallows it."""
 
 
 def cache_key(bridge: bool = False) -> str:
@@ -52,15 +48,6 @@ def cache_key(bridge: bool = False) -> str:
 def cache_dir(key: Optional[str] = None, bridge: bool = False) -> Path:
     base = Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab"))
     return base / "census" / (key or cache_key(bridge))
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise TimedOut()
-
-
-def _init_worker() -> None:
-    torch.set_num_threads(1)  # one summation order, and N workers share N cores
-    signal.signal(signal.SIGALRM, _alarm)
 
 
 def run_one(mt: ModelType, timeout_s: int = TIMEOUT_S, bridge: bool = False) -> dict[str, Any]:
@@ -88,9 +75,9 @@ def within(timeout_s: int, result: Result, unit: str, work: Callable[[], Any]) -
 
 def census(types: Optional[list[ModelType]] = None, *, workers: int = 1, timeout_s: int = TIMEOUT_S,
            use_cache: bool = True, progress: Optional[Callable[[Result], None]] = None,
-           bridge: bool = False) -> list[Result]:
+           bridge: bool = False, pool: Optional[Executor] = None) -> list[Result]:
     """The census of ``types`` (default: every model type; through the bridge when ``bridge``), cached results
-    reused; sorted by model type."""
+    reused; sorted by model type. ``pool`` runs the model types (default: a local pool of ``workers``)."""
     types = model_types() if types is None else types
     folder = cache_dir(bridge=bridge)
     done: dict[str, Result] = {}
@@ -101,31 +88,15 @@ def census(types: Optional[list[ModelType]] = None, *, workers: int = 1, timeout
                 done[mt.name] = Result.from_json(json.loads(path.read_text()))
     todo = [mt for mt in types if mt.name not in done]
     folder.mkdir(parents=True, exist_ok=True)
-    while todo:
-        left = _run_pool(todo, workers, timeout_s, folder, done, progress, bridge)
-        if left and workers == 1:  # one worker runs in order: the first unfinished type is the one that killed it
-            _store(Result(left[0].name, left[0].task, left[0].class_name, stage="worker",
-                          reason="the worker process died (killed for memory or crashed in native code) on it"),
-                   folder, done, progress)
-            left = left[1:]
-        workers = 1 if left else workers  # which of N killed its worker is unknown: the rest go one at a time
-        todo = left
+    work = functools.partial(run_one, timeout_s=timeout_s, bridge=bridge)
+    for _, row in (pool or LocalPool(workers)).map(work, todo, lost, lambda mt: timeout_s):
+        _store(Result.from_json(row), folder, done, progress)
     return [done[mt.name] for mt in types]
 
 
-def _run_pool(todo: list[ModelType], workers: int, timeout_s: int, folder: Path, done: dict[str, Result],
-              progress: Optional[Callable[[Result], None]], bridge: bool = False) -> list[ModelType]:
-    """Run ``todo`` on a fresh pool; the types left unfinished (in order) when a worker died."""
-    context = multiprocessing.get_context("fork")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker) as pool:
-        futures = [(pool.submit(run_one, mt, timeout_s, bridge), mt) for mt in todo]
-        for future, _ in futures:
-            try:
-                result = Result.from_json(future.result())
-            except cf.process.BrokenProcessPool:
-                return [m for m in todo if m.name not in done]
-            _store(result, folder, done, progress)
-    return []
+def lost(mt: ModelType, reason: str) -> dict[str, Any]:
+    """The row of a model type whose worker died or that its executor stopped: ``unsupported`` at stage worker."""
+    return Result(mt.name, mt.task, mt.class_name, stage="worker", reason=reason).to_json()
 
 
 def _store(result: Result, folder: Path, done: dict[str, Result],

@@ -24,6 +24,8 @@ from harness.errors import AttnlabError
 from reports.census import variants_render
 from reports.census.command import DOC, select
 from reports.census.enumerate import ModelType, by_name
+from reports.census.executor import open_executor
+from reports.census.run import cache_key
 from reports.census.variants import draw
 from reports.census.variants_run import CATEGORIES, DTYPES, TIMEOUT_S, Job, Row, retriage, run_jobs
 
@@ -77,9 +79,11 @@ def summary_line(rows: list[Row]) -> str:
 
 def run(n: int, only: tuple[str, ...] = (), *, seed: int = DEFAULT_SEED, dtypes: tuple[str, ...] = ("float32",),
         dtype_variants: Optional[int] = None, workers: int = 1, timeout_s: int = TIMEOUT_S, use_cache: bool = True,
-        write_docs: Optional[Path] = None, echo: Callable[[str], None] = print) -> list[Row]:
+        write_docs: Optional[Path] = None, echo: Callable[[str], None] = print, executor: str = "local",
+        address: Optional[str] = None) -> list[Row]:
     """Draw ``n`` configs per type and check each at the first dtype, the first ``dtype_variants`` (all when None)
-    at every dtype; print a line per check and the summary."""
+    at every dtype, on ``executor`` (as the census's: local ``workers`` or Ray at ``address``); print a line per check
+    and the summary."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise AttnlabError(f"--variants {n!r} is invalid: expected a positive integer (configs drawn per model type)")
     if dtype_variants is not None and (isinstance(dtype_variants, bool) or not 0 <= dtype_variants <= n):
@@ -90,12 +94,14 @@ def run(n: int, only: tuple[str, ...] = (), *, seed: int = DEFAULT_SEED, dtypes:
     if write_docs is not None and only:
         raise AttnlabError("--write-docs writes the whole variants census: drop --only")
     types = select(only) if only else default_types()
-    start = time.perf_counter()
-    rows = run_jobs(jobs(types, n, seed, dtypes, dtype_variants), workers=workers, timeout_s=timeout_s,
-                    use_cache=use_cache, progress=lambda row: echo(line(row)))
-    wall = time.perf_counter() - start
-    ran = f"This run: {wall:.0f} s wall on {workers} worker(s), " \
-          f"{sum(r.result['seconds'] for r in rows):.0f} s of model time (first attempts)."
+    todo = jobs(types, n, seed, dtypes, dtype_variants)
+    with open_executor(executor, workers=workers, address=address, fingerprint=cache_key) as pool:
+        start = time.perf_counter()
+        rows = run_jobs(todo, timeout_s=timeout_s, use_cache=use_cache, progress=lambda row: echo(line(row)),
+                        pool=pool)
+        wall = time.perf_counter() - start
+        ran = f"This run: {wall:.0f} s wall on {pool.describe()}, " \
+              f"{sum(r.result['seconds'] for r in rows):.0f} s of model time (first attempts)."
     echo(summary_line(rows) + " " + ran)
     if write_docs is not None:
         variants_render.write_docs(rows, write_docs, transformers.__version__,

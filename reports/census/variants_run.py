@@ -1,7 +1,8 @@
 """Running configuration variants: each drawn config built, checked and categorised as the census does.
 
 One job is one drawn config of one model type (reports/census/variants.py) at one dtype. It runs in a census
-worker (reports/census/run.py's fork pool, one torch thread, an alarm per attempt) and ends in one of
+worker (reports/census/executor.py: a local fork pool or a Ray task; one torch thread, an alarm per attempt) and
+ends in one of
 :data:`CATEGORIES`: the census's categories plus ``config refused``, a drawn config that transformers itself
 refuses (its config or model constructor, or the raw forward on a plain input, raises), which is no bug of the
 model or of attnlab. A worker that dies is its job's row (``unsupported``, stage ``worker``), a timeout likewise.
@@ -16,10 +17,9 @@ a dict of independent keys, but with one worker run per attempt instead of one p
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import functools
 import hashlib
 import json
-import multiprocessing
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,7 +31,8 @@ from reports.census import findings
 from reports.census.classify import CATEGORIES as CENSUS_CATEGORIES
 from reports.census.classify import ENC_DEC, Result, check, classify, exc_line, multimodal, prepare, verdict
 from reports.census.enumerate import ModelType
-from reports.census.run import _init_worker, cache_dir, within
+from reports.census.executor import Executor, LocalPool
+from reports.census.run import cache_dir, within
 from reports.census.variants import build_config
 
 REFUSED = "config refused"
@@ -181,9 +182,9 @@ def _store(row: Row, folder: Path, done: dict[str, Row], progress: Optional[Call
 
 
 def run_jobs(jobs: list[Job], *, workers: int = 1, timeout_s: int = TIMEOUT_S, use_cache: bool = True,
-             progress: Optional[Callable[[Row], None]] = None) -> list[Row]:
-    """Every job's row, in ``jobs`` order, over ``workers`` fork workers; rows cached beside the census's (same
-    key: transformers version and code hash) and reused."""
+             progress: Optional[Callable[[Row], None]] = None, pool: Optional[Executor] = None) -> list[Row]:
+    """Every job's row, in ``jobs`` order, run by ``pool`` (default: a local pool of ``workers``); rows cached beside
+    the census's (same key: transformers version and code hash) and reused."""
     folder = cache_dir() / "variants"
     folder.mkdir(parents=True, exist_ok=True)
     done: dict[str, Row] = {}
@@ -193,28 +194,20 @@ def run_jobs(jobs: list[Job], *, workers: int = 1, timeout_s: int = TIMEOUT_S, u
             if path.exists():
                 done[job.key()] = Row.from_json(json.loads(path.read_text()))
     todo = [j for j in jobs if j.key() not in done]
-    while todo:
-        left = _pool(todo, workers, timeout_s, folder, done, progress)
-        if left and workers == 1:  # in order: the first unfinished job is the one that killed the worker
-            job = left[0]
-            dead = Result(job.model_type, job.task, job.class_name, stage="worker",
-                          reason="the worker process died (killed for memory or crashed in native code) on it")
-            _store(Row(asdict(job), dead.to_json()), folder, done, progress)
-            left = left[1:]
-        workers = 1 if left else workers  # which of N killed its worker is unknown: the rest go one at a time
-        todo = left
+    work = functools.partial(run_job, timeout_s=timeout_s)
+    for _, row in (pool or LocalPool(workers)).map(work, todo, lost, lambda job: timeout_s * most_attempts(job)):
+        _store(Row.from_json(row), folder, done, progress)
     return [done[j.key()] for j in jobs]
 
 
-def _pool(todo: list[Job], workers: int, timeout_s: int, folder: Path, done: dict[str, Row],
-          progress: Optional[Callable[[Row], None]]) -> list[Job]:
-    context = multiprocessing.get_context("fork")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker) as pool:
-        futures = [(pool.submit(run_job, job, timeout_s), job) for job in todo]
-        for future, _ in futures:
-            try:
-                row = Row.from_json(future.result())
-            except cf.process.BrokenProcessPool:
-                return [j for j in todo if j.key() not in done]
-            _store(row, folder, done, progress)
-    return []
+def most_attempts(job: Job) -> int:
+    """The most attempts :func:`run_job` makes on ``job``: the first, then passes of the greedy reset over n drawn
+    fields, each pass but the last keeping a reset, so the k-th pass tries at most n - k + 1 fields: n(n+1)/2."""
+    n = len(job.changes)
+    return 1 + n * (n + 1) // 2
+
+
+def lost(job: Job, reason: str) -> dict[str, Any]:
+    """The row of a job whose worker died or that its executor stopped: ``unsupported`` at stage worker."""
+    dead = Result(job.model_type, job.task, job.class_name, stage="worker", reason=reason)
+    return Row(asdict(job), dead.to_json()).to_json()
