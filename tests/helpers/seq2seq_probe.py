@@ -28,11 +28,9 @@ def encoder_decoder(d_model: int = 16, seed: int = 0) -> EncoderDecoder:
 
 
 def probe_keywords(batch: Seq2SeqBatch) -> dict:
-    """The probes' keywords for a batch: position t of the decoder input is a target when it is a real target token
-    (predicted from t - 1), so the probe's loss is the task's loss."""
-    loss_mask = torch.zeros_like(batch.decoder_input, dtype=torch.bool)
-    loss_mask[:, 1:] = batch.target_mask[:, :-1]
-    return dict(loss_mask=loss_mask, source_tokens=batch.source, source_mask=batch.source_mask)
+    """The probes' keywords for a batch: its decoder positions holding a target (``Seq2SeqBatch.loss_mask``), so the
+    probe's loss is the task's loss, and its source."""
+    return dict(loss_mask=batch.loss_mask, source_tokens=batch.source, source_mask=batch.source_mask)
 
 
 @contextmanager
