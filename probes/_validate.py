@@ -230,8 +230,8 @@ def model_info(model: AnyModel, *, need_pattern: bool = False, all_heads: bool =
         raise AttnlabTypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: the probes "
                                f"gate heads on "
                         f"blocks.{{l}}.attn.hook_z (an encoder-decoder's also on encoder.blocks.{{l}}.attn.hook_z "
-                        f"and blocks.{{l}}.cross_attn.hook_z) and read blocks.{{l}}.attn.hook_pattern (and the encoder's and "
-                        f"cross-attention's)")
+                        f"and blocks.{{l}}.cross_attn.hook_z) and read blocks.{{l}}.attn.hook_pattern (and the "
+                        f"encoder's and cross-attention's)")
     attention_dir = getattr(cfg, "attention_dir", "causal")
     try:
         params = inspect.signature(model.forward).parameters

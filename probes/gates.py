@@ -190,8 +190,9 @@ def _same_heads(name: str, fn: Callable, n_heads: int) -> Callable:
 
     def checked(z: Tensor, hook: Any) -> Any:
         if z.ndim == 4 and z.shape[dim] != n_heads:
-            raise AttnlabError(f"{name} has {z.shape[dim]} heads but cfg.n_heads={n_heads}: expected an encoder-decoder "
-                               "with one head count for every kind of head (the probes gate them with one mask)")
+            raise AttnlabError(f"{name} has {z.shape[dim]} heads but cfg.n_heads={n_heads}: expected an "
+                               "encoder-decoder with one head count for every kind of head (the probes gate them "
+                               "with one mask)")
         return fn(z, hook)
     return checked
 

@@ -31,7 +31,7 @@ def top_heads(data: RunData, k: int = 8) -> list[dict]:
         return []
     top = df.sort_values("importance", ascending=False).head(k)
     return [{"head": head_label(r.layer, r.head, getattr(r, "kind", None)),
-             "stack": KIND_NAMES.get(getattr(r, "kind", None), ""), "importance": float(r.importance),
+             "stack": KIND_NAMES[str(r.kind)] if "kind" in df else "", "importance": float(r.importance),
              "loss_delta": float(r.loss_delta)} for r in top.itertuples()]
 
 

@@ -61,8 +61,8 @@ def _raw_loss(model, tokens: torch.Tensor, src: dict) -> float:
 
 def test_every_head_probe_covers_the_three_stacks(hf):
     _, model, tokens, src = hf
-    for method in ("ablation", "gradient"):
-        frame = probes.head_importance(model, tokens, method=method, **src)
+    for method in ("ablation", "mean_ablation", "gradient", "attribution", "l0_gates"):
+        frame = probes.head_importance(model, tokens, method=method, l0_options=probes.L0Options(steps=3), **src)
         assert frame["kind"].tolist() == KINDS and frame["importance"].notna().all()
         assert frame["layer"].tolist() == [0] * 4 + [1] * 4 + [0] * 4 + [1] * 4 + [0] * 4 + [1] * 4
     for probe in (probes.head_roles, probes.attention_entropy):

@@ -46,7 +46,7 @@ class Context:
     top_k: int
     layout: RunDir
     # an encoder-decoder's source keywords (source_tokens, source_mask), passed to every probe; empty: none
-    source: dict[str, Tensor] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     costs: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # seconds, forward, backward
     _attribution: Optional[probes.Attribution] = None
@@ -99,7 +99,7 @@ class Context:
 
 
 def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_top: int, seeds: int,
-               backward: bool = True, source: Optional[dict[str, Tensor]] = None) -> tuple[float, Shape]:
+               backward: bool = True, source: Optional[dict[str, Any]] = None) -> tuple[float, Shape]:
     """Seconds of one pass of the whole data through the whole model, timed on the model itself, and its shape
     (an encoder-decoder's, given its ``source`` keywords: a "layer" of the shape is a row of heads of one stack)."""
     source = source or {}
