@@ -2,7 +2,11 @@
 
 Every probe talks to a model only through the model protocol (docs/architecture.md): it gates heads
 with hooks on ``blocks.{l}.attn.hook_z`` and reads ``blocks.{l}.attn.hook_pattern``, so it runs on
-attnlab's ``Transformer``, on any protocol ``HookedRootModule`` and on a ``TransformerBridge``.
+attnlab's ``Transformer``, on any protocol ``HookedRootModule`` and on a ``TransformerBridge``. On an
+encoder-decoder (``cfg.is_encoder_decoder``: attnlab's ``EncoderDecoder``, a Hugging Face BART, T5, Marian ...)
+every head probe covers its three stacks, encoder self-attention, decoder self-attention and cross-attention,
+each through its own ``hook_z``/``hook_pattern``, given ``source_tokens``/``source_mask``; per-head frames lead
+with a ``kind`` column (docs/architecture.md, "Probe result values").
 
 Ablating a head means replacing its output (``hook_z``, before the output projection) by zero,
 or by its per-position mean over the data (mean ablation); a head's importance is how much the

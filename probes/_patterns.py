@@ -16,7 +16,7 @@ from torch import Tensor
 from harness.adapters.protocol import ProtocolModel
 from harness.errors import AttnlabError
 from probes import gates
-from probes._validate import ModelInfo, ProbeData, pattern_hook, z_hook
+from probes._validate import ModelInfo, ProbeData
 
 PATTERN_ELEMENTS = 2 ** 24  # 64 MiB of float32 per chunk
 
@@ -27,43 +27,46 @@ def chunk_rows(info: ModelInfo, pos: int, batch_size: Optional[int]) -> int:
     return max(1, PATTERN_ELEMENTS // (info.n_layers * info.n_heads * pos * pos))
 
 
-def _capture(seen: dict[int, Tensor], layer: int):
+def _capture(seen: dict[int, Tensor], row: int):
     def fn(x: Tensor, hook: Any) -> None:
-        seen[layer] = x.detach().float()
+        seen[row] = x.detach().float()
     return fn
 
 
 def stream(model: ProtocolModel, info: ModelInfo, data: ProbeData, *, what: str = "pattern",
-           batch_size: Optional[int] = None, layers: Optional[list[int]] = None
+           batch_size: Optional[int] = None, rows: Optional[list[int]] = None
            ) -> Iterator[tuple[slice, list[Tensor]]]:
-    """Yield ``(rows, per-layer tensors)``: patterns ``[b, n_heads, q, k]`` or ``hook_z`` ``[b, pos, n_heads, d_head]``,
-    for ``layers`` in that order (default every layer). Each pass ends at the last layer asked for."""
-    name = pattern_hook if what == "pattern" else z_hook
-    wanted = list(range(info.n_layers)) if layers is None else layers
-    rows = chunk_rows(info, data.pos, batch_size) if what == "pattern" else gates.rows_per_pass(batch_size, data.pos)
+    """Yield ``(sequences, per-row tensors)``: patterns ``[b, n_heads, q, k]`` or ``hook_z`` ``[b, pos, n_heads,
+    d_head]``, for the mask ``rows`` in that order (default every row: every layer of a decoder-only model, each
+    stack's layers of an encoder-decoder read with ``model_info(all_heads=True)``, given the data's source). Each
+    pass ends at the last hook asked for."""
+    names = info.pattern_hooks if what == "pattern" else info.z_hooks
+    wanted = list(range(info.n_layers)) if rows is None else rows
+    longest = max(data.pos, data.source_real().shape[1]) if info.encoder_decoder else data.pos
+    step = chunk_rows(info, longest, batch_size) if what == "pattern" else gates.rows_per_pass(batch_size, data.pos)
+    last = names[info.fires_last(wanted)]
     with gates.eval_mode(model):
-        for s in range(0, data.n, rows):
-            sl = slice(s, min(s + rows, data.n))
+        for s in range(0, data.n, step):
+            sl = slice(s, min(s + step, data.n))
             seen: dict[int, Tensor] = {}
-            hooks = [(name(layer), _capture(seen, layer)) for layer in wanted]
+            hooks = [(names[row], _capture(seen, row)) for row in wanted]
             am = None if data.attention_mask is None else data.attention_mask[sl]
             with torch.no_grad():
                 # nothing after the last pattern asked for is needed: that layer's output, the later layers
                 # and the unembedding are skipped
-                gates.hooked_pass(model, info, data.tokens[sl], am, hooks, until=name(max(wanted)))
-            missing = [layer for layer in wanted if layer not in seen]
+                gates.hooked_pass(model, info, data.tokens[sl], am, hooks, source=data.source(sl), until=last)
+            missing = [row for row in wanted if row not in seen]
             if missing:
-                hook = name(0).replace("blocks.0.", "blocks.{l}.")
-                raise AttnlabError(f"the pass wrote no {what} for layer(s) {missing}: expected {hook} to fire "
-                                   f"in every layer asked for")
-            yield sl, [seen[layer] for layer in wanted]
+                raise AttnlabError(f"the pass wrote no {what} for layer(s) {_named(info, missing)}: expected "
+                                   f"{_hooks(info, names, missing)} to fire in every layer asked for")
+            yield sl, [seen[row] for row in wanted]
 
 
-def informative_queries(info: ModelInfo, real: Tensor) -> Tensor:
-    """bool ``[b, q]``: real queries that can see at least two real keys.
+def _named(info: ModelInfo, rows: list[int]) -> list:
+    return [info.row_name(r) for r in rows] if info.kinds else rows
 
-    A causal model's first real query sees only itself, so its pattern is 1 on one key whatever
-    the head does; counting it would make every head look alike and saturated.
-    """
-    visible = real.long().cumsum(-1) if info.causal else real.long().sum(-1, keepdim=True).expand_as(real)
-    return real & (visible >= 2)
+
+def _hooks(info: ModelInfo, names: tuple[str, ...], rows: list[int]) -> str:
+    if info.kinds:
+        return ", ".join(names[r] for r in rows)
+    return names[rows[0]].replace(f"blocks.{rows[0]}.", "blocks.{l}.")

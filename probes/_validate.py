@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -41,8 +42,12 @@ ORDERS = ("importance", "random")
 METRICS = ("pattern", "output")
 # The keywords every public probe takes for where the model runs (harness.adapters.placed).
 PLACEMENT = ("dtype", "device", "attn_implementation")
-# The kinds of heads of an encoder-decoder (Vaswani et al. 2017, Fig. 1), in the order of a head mask's rows.
+# The kinds of heads of an encoder-decoder (Vaswani et al. 2017, Fig. 1), in the order of a head mask's rows; what a
+# label's prefix is for each (``enc L0H1``, ``L0H1``, ``xL0H1``) and what a report calls each stack.
 KINDS = ("encoder", "decoder", "cross")
+KIND_PREFIXES = {"encoder": "enc ", "decoder": "", "cross": "x"}
+KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
+_LABEL = re.compile(r"(enc |x)?L(\d+)(?:H(\d+))?")
 
 
 def z_hook(layer: int) -> str:
@@ -51,6 +56,26 @@ def z_hook(layer: int) -> str:
 
 def pattern_hook(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
+
+
+def head_name(kind: Optional[str], layer: int, head: Optional[int] = None) -> str:
+    """``L{layer}`` (``H{head}`` appended when given) of a decoder-only model's layer, prefixed by the kind of an
+    encoder-decoder's: ``enc L0H1`` (encoder self-attention), ``L0H1`` (decoder self-attention), ``xL0H1``
+    (cross-attention). The one spelling of a head's name: the probes' labels and keys and the report's rows."""
+    prefix = "" if kind is None or kind != kind else KIND_PREFIXES[kind]  # kind != kind: a NaN read from a CSV
+    return f"{prefix}L{int(layer)}" + ("" if head is None else f"H{int(head)}")
+
+
+def parse_head_name(label: str) -> tuple[Optional[str], int, Optional[int]]:
+    """``(kind, layer, head)`` of a :func:`head_name` (kind None for a plain ``L0H1``: a decoder-only model's head, or
+    an encoder-decoder's decoder head, as the labels around it say); an error naming any other text."""
+    match = _LABEL.fullmatch(str(label))
+    if match is None:
+        raise AttnlabError(f"head label {label!r} is invalid: expected L{{layer}}H{{head}}, optionally prefixed "
+                           f"'enc ' (encoder) or 'x' (cross-attention)")
+    prefix, layer, head = match.groups()
+    kind = {"enc ": "encoder", "x": "cross"}.get(prefix or "")
+    return kind, int(layer), None if head is None else int(head)
 
 
 P = ParamSpec("P")
@@ -119,6 +144,7 @@ class ModelInfo:
     layers: tuple[int, ...] = ()
     starts: tuple[int, ...] = ()
     reruns: tuple[bool, ...] = ()
+    pattern_hooks: tuple[str, ...] = ()  # per row, the hook_pattern of its heads
 
     @property
     def encoder_decoder(self) -> bool:
@@ -130,15 +156,28 @@ class ModelInfo:
         """The layers ``forward(start_at_layer=)`` counts: the model's, or the decoder's of an encoder-decoder."""
         return max(self.starts) + 1 if self.starts else self.n_layers
 
+    def kind(self, row: int) -> Optional[str]:
+        """The kind of heads mask row ``row`` holds (:data:`KINDS`); None on a decoder-only view."""
+        return self.kinds[row] if self.kinds else None
+
     def row_name(self, row: int) -> str:
         """``L{layer}`` of a mask row; an encoder-decoder's ``enc L0`` (encoder), ``L0`` (decoder), ``xL0`` (cross)."""
-        if not self.kinds:
-            return f"L{row}"
-        return {"encoder": "enc ", "decoder": "", "cross": "x"}[self.kinds[row]] + f"L{self.layers[row]}"
+        return head_name(self.kind(row), self.layers[row] if self.kinds else row)
 
     def head_labels(self) -> list[str]:
         """``L{layer}H{head}`` per head in flat order; an encoder-decoder's ``enc L0H1``, ``L1H2``, ``xL1H2``."""
         return [f"{self.row_name(row)}H{h}" for row in range(self.n_layers) for h in range(self.n_heads)]
+
+    def rows_of(self, kind: Optional[str]) -> list[int]:
+        """The mask rows of one kind of heads, by layer (every row for None on a decoder-only view)."""
+        return [r for r in range(self.n_layers) if self.kind(r) == kind]
+
+    def fires_last(self, rows: list[int]) -> int:
+        """Which of ``rows`` a forward pass reaches last: the encoder runs first, then each decoder layer's
+        self-attention and its cross-attention (Vaswani et al. 2017, Fig. 1)."""
+        rank = {"encoder": 0, None: 1, "decoder": 1, "cross": 1}
+        return max(rows, key=lambda r: (rank[self.kind(r)], self.layers[r] if self.kinds else r,
+                                        self.kind(r) == "cross"))
 
 
 def _rows(cfg: Any, all_heads: bool, encoder_decoder: bool) -> dict[str, tuple]:
@@ -146,13 +185,16 @@ def _rows(cfg: Any, all_heads: bool, encoder_decoder: bool) -> dict[str, tuple]:
     L = cfg.n_layers
     if not (all_heads and encoder_decoder):
         return dict(z_hooks=tuple(z_hook(layer) for layer in range(L)), kinds=(), layers=tuple(range(L)),
-                    starts=tuple(range(L)), reruns=(False,) * L)
+                    starts=tuple(range(L)), reruns=(False,) * L,
+                    pattern_hooks=tuple(pattern_hook(layer) for layer in range(L)))
     E = cfg.n_encoder_layers
     names = [encoder_hook(layer, "attn.hook_z") for layer in range(E)] + [z_hook(layer) for layer in range(L)] + \
         [cross_attn_hook(layer, "hook_z") for layer in range(L)]
+    patterns = [encoder_hook(layer, "attn.hook_pattern") for layer in range(E)] + \
+        [pattern_hook(layer) for layer in range(L)] + [cross_attn_hook(layer, "hook_pattern") for layer in range(L)]
     return dict(z_hooks=tuple(names), kinds=("encoder",) * E + ("decoder",) * L + ("cross",) * L,
                 layers=(*range(E), *range(L), *range(L)), starts=(0,) * E + (*range(L), *range(L)),
-                reruns=(True,) * E + (False,) * (2 * L))
+                reruns=(True,) * E + (False,) * (2 * L), pattern_hooks=tuple(patterns))
 
 
 def model_info(model: AnyModel, *, need_pattern: bool = False, all_heads: bool = False) -> ModelInfo:
@@ -182,13 +224,14 @@ def model_info(model: AnyModel, *, need_pattern: bool = False, all_heads: bool =
     rows = _rows(cfg, all_heads, seq2seq)
     needed = list(rows["z_hooks"])
     if need_pattern:
-        needed += [pattern_hook(layer) for layer in range(values["n_layers"])]
+        needed += list(rows["pattern_hooks"])
     missing = [name for name in needed if name not in hook_dict]
     if missing:
         raise AttnlabTypeError(f"model {type(model).__name__} lacks hook point(s) {missing[:4]}: the probes "
                                f"gate heads on "
                         f"blocks.{{l}}.attn.hook_z (an encoder-decoder's also on encoder.blocks.{{l}}.attn.hook_z "
-                        f"and blocks.{{l}}.cross_attn.hook_z) and read blocks.{{l}}.attn.hook_pattern")
+                        f"and blocks.{{l}}.cross_attn.hook_z) and read blocks.{{l}}.attn.hook_pattern (and the "
+                        f"encoder's and cross-attention's)")
     attention_dir = getattr(cfg, "attention_dir", "causal")
     try:
         params = inspect.signature(model.forward).parameters
@@ -235,6 +278,15 @@ class ProbeData:
         if self.attention_mask is None:
             return torch.ones_like(self.tokens, dtype=torch.bool)
         return self.attention_mask
+
+    def source_real(self) -> Tensor:
+        """bool ``[n, src_pos]``: which source tokens are real; ``[n, 1]`` ones without a source (the model's default
+        one-token source)."""
+        if self.source_tokens is None:
+            return torch.ones(self.n, 1, dtype=torch.bool, device=self.tokens.device)
+        if self.source_mask is None:
+            return torch.ones_like(self.source_tokens, dtype=torch.bool)
+        return self.source_mask.bool()
 
     def source(self, rows: slice | Tensor) -> dict[str, Tensor]:
         """The forward's source keywords for ``rows`` of the data (empty without a source)."""

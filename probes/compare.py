@@ -100,7 +100,7 @@ class PassCounter:
         self.forward = self.backward = 0.0
 
     def _share(self, rows: int, kwargs: dict) -> float:
-        return pass_share(rows, kwargs, self.info.n_layers, self.n)
+        return pass_share(rows, kwargs, self.info.depth, self.n)  # the layers start_at_layer counts
 
     @contextmanager
     def counting(self, model: Any) -> Iterator[PassCounter]:
@@ -153,7 +153,8 @@ def _scores(model: ProtocolModel, info: ModelInfo, data: ProbeData, method: str,
 def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tensor] = None,
                        attention_mask: Optional[Tensor] = None, methods: Any = ESTIMATORS, budgets: Any = BUDGETS,
                        seed: int = 0, l0_options: Optional[l0_gates.L0Options] = None,
-                       batch_size: Optional[int] = None, known: Optional[dict[str, Any]] = None) -> pd.DataFrame:
+                       batch_size: Optional[int] = None, known: Optional[dict[str, Any]] = None,
+                       source_tokens: Optional[Tensor] = None, source_mask: Optional[Tensor] = None) -> pd.DataFrame:
     """Each estimator against exact leave-one-out: ``DataFrame[ESTIMATOR_COLUMNS]``, one row per (method, budget).
 
     ``spearman`` / ``kendall``: rank correlation of the estimator's importance with the exact loss
@@ -167,7 +168,9 @@ def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[T
     ``n_heads``. ``known`` maps a method to ``(importance [n_layers, n_heads], seconds, forward_passes,
     backward_passes)`` already computed on this data (``attnlab probe`` ran them as its own steps):
     those are not recomputed; ``known["ablation"]`` must be the exact answer of every head, and
-    ``known["baseline_loss"]`` the intact loss.
+    ``known["baseline_loss"]`` the intact loss. An encoder-decoder's heads of all three stacks are ranked and
+    pruned together, given ``source_tokens``/``source_mask`` as :func:`probes.head_importance` takes them (its
+    ``known`` importances then have that function's rows: encoder layers, decoder layers, cross-attention layers).
     """
     methods = _check_methods(methods)
     budgets = _check_budgets(budgets)
@@ -175,7 +178,8 @@ def compare_estimators(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[T
     l0 = l0_gates.check_options(l0_options)
     l0 = l0 if l0_options is not None else l0_gates.L0Options(seed=seed)
     batch_size = check_batch_size(batch_size)
-    model, info, data = probe_inputs(model, tokens, loss_mask=loss_mask, attention_mask=attention_mask)
+    model, info, data = probe_inputs(model, tokens, all_heads=True, loss_mask=loss_mask, attention_mask=attention_mask,
+                                     source_tokens=source_tokens, source_mask=source_mask)
     L, H = info.n_layers, info.n_heads
     N = L * H
 

@@ -183,13 +183,16 @@ def hooked_pass(model: ProtocolModel, info: ModelInfo, x: Tensor, attention_mask
 
 
 def _same_heads(name: str, fn: Callable, n_heads: int) -> Callable:
-    """``fn``, refusing a ``hook_z`` whose head count is not ``cfg.n_heads``: an encoder-decoder's masks give every
-    kind of head the one count (an HF model may declare other counts for its encoder, e.g. BART's
-    encoder_attention_heads)."""
+    """``fn``, refusing a ``hook_z`` (or ``hook_pattern``) whose head count is not ``cfg.n_heads``: an
+    encoder-decoder's masks give every kind of head the one count (an HF model may declare other counts for its
+    encoder, e.g. BART's encoder_attention_heads)."""
+    dim = 1 if name.endswith("hook_pattern") else 2  # [batch, n_heads, q, k] against [batch, pos, n_heads, d_head]
+
     def checked(z: Tensor, hook: Any) -> Any:
-        if z.ndim == 4 and z.shape[2] != n_heads:
-            raise AttnlabError(f"{name} has {z.shape[2]} heads but cfg.n_heads={n_heads}: expected an encoder-decoder "
-                               "with one head count for every kind of head (the probes gate them with one mask)")
+        if z.ndim == 4 and z.shape[dim] != n_heads:
+            raise AttnlabError(f"{name} has {z.shape[dim]} heads but cfg.n_heads={n_heads}: expected an "
+                               "encoder-decoder with one head count for every kind of head (the probes gate them "
+                               "with one mask)")
         return fn(z, hook)
     return checked
 

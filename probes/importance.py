@@ -34,6 +34,7 @@ from torch import Tensor
 from harness.adapters.protocol import AnyModel, ProtocolModel
 from harness.errors import AttnlabError
 from probes import _head_stats, gates, l0_gates
+from probes._stacks import with_kinds
 from probes._validate import (
     METHODS,
     ModelInfo,
@@ -149,16 +150,6 @@ def head_importance(model: AnyModel, tokens: Tensor, *, loss_mask: Optional[Tens
         importance = layer_normalize(importance)
     return with_kinds(importance_frame(importance, delta, method=method, normalize=normalize, baseline_loss=baseline,
                                        **extra), info)
-
-
-def with_kinds(frame: pd.DataFrame, info: ModelInfo) -> pd.DataFrame:
-    """An encoder-decoder's frame: a leading ``kind`` column and ``layer`` within each kind's stack; any other
-    frame unchanged."""
-    if info.kinds:
-        rows = frame["layer"].to_numpy()
-        frame["layer"] = [info.layers[r] for r in rows]
-        frame.insert(0, "kind", [info.kinds[r] for r in rows])
-    return frame
 
 
 def check_method(method: Any) -> str:

@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from harness.adapters.protocol import AnyModel, ProtocolModel
+from harness.adapters.protocol import AnyModel, ProtocolModel, is_encoder_decoder
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model import KVCache, Transformer
 from probes import gates
@@ -157,13 +157,16 @@ def patch_residual(model: AnyModel, clean_tokens: Tensor, corrupted_tokens: Tens
     metric)``. ``metric`` maps logits ``[batch, pos, d_vocab]`` to a scalar; ``batch_size`` caps the
     sequences per forward pass (default: about 32k tokens per pass). ``clean_tokens`` and
     ``corrupted_tokens`` are ``[batch, pos]`` token ids of the same shape (validated here, before any
-    forward pass, with an error naming the value).
+    forward pass, with an error naming the value). An encoder-decoder is refused: its forward needs a source.
     """
     cfg = getattr(model, "cfg", None)
     L, d_vocab = getattr(cfg, "n_layers", None), getattr(cfg, "d_vocab", None)
     if not isinstance(L, int) or not isinstance(d_vocab, int):
         model_info(model)  # raises the probes' error naming what the model lacks
         raise AttnlabTypeError(f"model {type(model).__name__} has no integer cfg.n_layers/cfg.d_vocab")
+    if is_encoder_decoder(model):  # its forward needs a source this probe does not take: never a silent default
+        raise AttnlabError(f"patch_residual patches a decoder-only model's residual stream; {type(model).__name__} "
+                           "is an encoder-decoder (cfg.is_encoder_decoder): expected a model without a source")
     clean, corrupted = _check(clean_tokens, corrupted_tokens, d_vocab, metric)
     b, pos = corrupted.shape
     layers = list(range(L)) if layers is None else list(layers)

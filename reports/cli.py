@@ -223,7 +223,8 @@ def check(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
 @cli.command(short_help="Head probes -> RUN_DIR/probes/.")
 @_external_opts
 @click.option("--task", "task", type=click.Choice(sorted(TASKS)), default=None,
-              help="--hf/--model: probe on this harness task's tokens, at the model's vocab and n_ctx.")
+              help="--hf/--model: probe on this harness task's tokens, at the model's vocab and n_ctx (an "
+                   "encoder-decoder: reverse or sort, from a padded source).")
 @click.option("--text", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="--hf: probe on this text file, tokenized by the tokenizer saved in PATH.")
 @click.option("--seed", type=click.IntRange(min=0), default=defaults.SEED, show_default=True,
@@ -250,7 +251,9 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
     """Run every head probe on a trained run -> RUN_DIR/probes/*.csv.
 
     With --hf PATH or --model MODULE:CALLABLE it probes that model instead, on --task NAME tokens
-    or (--hf with a saved tokenizer) --text FILE, writing into --out RUN_DIR.
+    or (--hf with a saved tokenizer) --text FILE, writing into --out RUN_DIR. An encoder-decoder (BART, T5,
+    Marian, attnlab's EncoderDecoder) is probed on --task reverse or sort, a padded source and its target, and
+    every probe covers its encoder self-attention, decoder self-attention and cross-attention heads.
     """
     if (hf is None and factory is None) and (task is not None or text_file is not None):
         raise CliError("error: --task/--text are for --hf/--model; a trained run is probed on its own task")
@@ -259,14 +262,14 @@ def probe(run_dir: Optional[str], hf: Optional[str], factory: Optional[str], out
     chosen = None if methods is None else probe_plan.check_methods([m.strip() for m in methods.split(",")])
     where = _placement(dtype, device, attn_implementation, hf)
     run_dir, ext = external.resolve(run_dir, out, hf, factory, seed, **where)
-    data = None
+    data, source = None, None
     if ext is not None:
-        data = (external.task_tokens(ext.model, task, sequences, seed) if task is not None
-                else external.text_tokens(ext, str(text_file), sequences, external.TEXT_SEQ_LEN))
+        data, source = external.probe_tokens(ext, task, text_file, sequences, seed)
         external.save(run_dir, ext)
-        click.echo(f"probing {ext.card['arch']} through {ext.card['adapter']} on {tuple(data[0].shape)} tokens")
+        given = "" if source is None else f" given a {tuple(source['source_tokens'].shape)} source"
+        click.echo(f"probing {ext.card['arch']} through {ext.card['adapter']} on {tuple(data[0].shape)} tokens{given}")
     result = pipeline.probe(run_dir, sequences=sequences, seeds=seeds, tolerance=tolerance, top_k=top_k,
-                            progress=progress, model=None if ext is None else ext.model, data=data,
+                            progress=progress, model=None if ext is None else ext.model, data=data, source=source,
                             methods=chosen, budget=budget, resume=resume, **where)
     red = result.get("redundancy")
     found = "" if red is None else (f"prunable within {tolerance:.1%} loss: {red['prunable_fraction']:.1%} of heads "

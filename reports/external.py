@@ -27,16 +27,24 @@ from typing import Any, Optional
 
 import torch
 from transformer_lens import HookedRootModule
-from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+from transformers import (
+    AttentionInterface,
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+)
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
 from harness.adapters.entry import adapt, describe, needs_adapter
 from harness.adapters.function import FunctionModel
 from harness.adapters.placement import check_placement, placed, placement_of
-from harness.adapters.protocol import check_protocol
+from harness.adapters.protocol import check_protocol, is_encoder_decoder
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.run_dir import RunDir, atomic_write_json
+from harness.training.seq2seq_task import FIRST_SYMBOL, Seq2SeqTask
 from harness.training.tasks import TASKS, make_task
 
 TEXT_SEQ_LEN = 128  # tokens per --text sequence (capped by the model's n_ctx)
@@ -75,9 +83,13 @@ def _config_file(path: Path) -> Path:
 
 
 def _auto_classes(config: Any) -> tuple[Any, ...]:
-    """The Auto classes to try, in order: the head the config names (``architectures``, written by
-    save_pretrained), else a causal LM head, except that a model type with both heads (BERT-style
-    encoders, whose causal head is a decoder variant) gets its masked LM head unless ``is_decoder``."""
+    """The Auto classes to try, in order: an encoder-decoder (``is_encoder_decoder``) its sequence-to-sequence LM
+    head, whose forward runs encoder, decoder and cross-attention (BART's causal LM head is its decoder alone);
+    else the head the config names (``architectures``, written by save_pretrained), else a causal LM head, except
+    that a model type with both heads (BERT-style encoders, whose causal head is a decoder variant) gets its
+    masked LM head unless ``is_decoder``."""
+    if getattr(config, "is_encoder_decoder", False):
+        return (AutoModelForSeq2SeqLM,)
     names = getattr(config, "architectures", None) or []
     if any(str(n).endswith("ForMaskedLM") for n in names):
         return AutoModelForMaskedLM, AutoModelForCausalLM
@@ -137,8 +149,8 @@ def load_hf(path: str | os.PathLike, seed: int = 0, *, dtype: Optional[str] = No
         except ValueError as exc:  # "Unrecognized configuration class ... for this kind of AutoModel"
             errors.append(f"{auto.__name__}: {' '.join(str(exc).split())[:200]}")
     else:
-        raise AttnlabError(f"--hf {path}: model_type {config.model_type!r} has no causal or masked LM head in "
-                           f"transformers ({'; '.join(errors)})")
+        raise AttnlabError(f"--hf {path}: model_type {config.model_type!r} has no causal, masked or seq2seq LM head "
+                           f"in transformers ({'; '.join(errors)})")
     if dev is not None:
         model.to(dev)  # our own fresh copy: moved in place
     tokenizer = folder if path.is_dir() and _has_tokenizer(folder) else None
@@ -267,6 +279,36 @@ def task_tokens(model: Any, task: str, sequences: int, seed: int) -> tuple[Any, 
     seq_len = min(TASKS[task].default_seq_len, cfg.n_ctx) if task in TASKS else None
     made = make_task(task, cfg.d_vocab, cfg.n_ctx, seq_len)
     return made.batch(sequences, torch.Generator().manual_seed(seed), "val")
+
+
+def seq2seq_tokens(model: Any, task: str, sequences: int, seed: int) -> tuple[Any, Any, dict[str, Any]]:
+    """``(decoder tokens, loss_mask, source keywords)``: a validation batch of the source -> target task ``task``
+    (:class:`harness.training.seq2seq_task.Seq2SeqTask`: reverse or sort a padded source) within the model's
+    vocabulary and context, for an encoder-decoder. The loss counts the decoder's target tokens."""
+    if task not in Seq2SeqTask.KINDS:
+        raise AttnlabError(f"--task {task} is a decoder-only task, and the model is an encoder-decoder: expected a "
+                           f"source -> target task, --task one of {', '.join(Seq2SeqTask.KINDS)}")
+    cfg, default = model.cfg, Seq2SeqTask(task)
+    made = Seq2SeqTask(task, n_symbols=min(default.n_symbols, cfg.d_vocab - FIRST_SYMBOL),
+                       max_len=min(default.max_len, cfg.n_ctx - 1))
+    batch = made.batch(sequences, torch.Generator().manual_seed(seed))
+    return batch.decoder_input, batch.loss_mask, {"source_tokens": batch.source, "source_mask": batch.source_mask}
+
+
+def probe_tokens(ext: ExternalModel, task: Optional[str], text_file: Optional[str], sequences: int,
+                 seed: int) -> tuple[tuple[Any, Any], Optional[dict[str, Any]]]:
+    """``((tokens, loss_mask), source keywords or None)`` that ``attnlab probe --hf/--model`` probes the model on:
+    ``--task NAME``'s batch (an encoder-decoder's from :func:`seq2seq_tokens`, with its source), or ``--text FILE``
+    (:func:`text_tokens`; a decoder-only model's: text gives an encoder-decoder no source)."""
+    if is_encoder_decoder(ext.model):
+        if task is None:
+            raise AttnlabError(f"--text {text_file} gives no source, and the model is an encoder-decoder: expected "
+                               f"--task one of {', '.join(Seq2SeqTask.KINDS)} (a source -> target task)")
+        tokens, loss_mask, source = seq2seq_tokens(ext.model, task, sequences, seed)
+        return (tokens, loss_mask), source
+    if task is not None:
+        return task_tokens(ext.model, task, sequences, seed), None
+    return text_tokens(ext, str(text_file), sequences, TEXT_SEQ_LEN), None
 
 
 def text_tokens(ext: ExternalModel, text_file: str | os.PathLike, sequences: int, seq_len: int) -> tuple[Any, None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +23,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.run_dir import atomic_write_bytes
 from harness.training.metrics import CURVES
-from probes.roles import ROLES
 from properties.saturation import COLUMNS as SWEEP_COLUMNS
-from reports.cluster import average_linkage
 
 DPI = 110
 ORDER_COLORS = {"importance": "#0072B2", "random": "#D55E00"}
@@ -83,23 +81,6 @@ def _log_y(ax, values: pd.Series) -> None:
     narrow = len(v) > 0 and float(v.max()) < 10 * float(v.min())
     ax.yaxis.set_minor_formatter(plain if narrow else NullFormatter())
     ax.tick_params(axis="y", which="minor", labelsize=7)
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"L{int(layer)}H{int(head)}"
-
-
-def _layer_head_matrix(df: pd.DataFrame, value: str) -> pd.DataFrame:
-    m = df.pivot_table(index="layer", columns="head", values=value, aggfunc="mean")
-    return m.sort_index().sort_index(axis=1)
-
-
-def _heatmap(ax, matrix: pd.DataFrame, *, cmap: str, label: str, center=None, vmin=None, vmax=None,
-             fmt: str = ".3g") -> None:
-    annotate = matrix.size <= 96  # numbers stay legible up to about 12 x 8 cells
-    sns.heatmap(matrix, ax=ax, cmap=cmap, center=center, vmin=vmin, vmax=vmax, annot=annotate, fmt=fmt,
-                annot_kws={"fontsize": 7}, linewidths=0.5, linecolor="white", square=False,
-                cbar_kws={"label": label, "shrink": 0.8})
 
 
 # --- training -----------------------------------------------------------------------------
@@ -184,25 +165,7 @@ def saturation(df: pd.DataFrame) -> Figure:
     return fig
 
 
-# --- heads --------------------------------------------------------------------------------
-def importance_heatmaps(by_method: Mapping[str, pd.DataFrame]) -> Figure:
-    """One layer x head heatmap of importance per method (Michel, Levy & Neubig 2019)."""
-    if not by_method:
-        raise AttnlabError("importance_heatmaps: no importance tables given")
-    for method, df in by_method.items():
-        _require(df, ("layer", "head", "importance"), f"importance_heatmaps[{method!r}]")
-    n = len(by_method)
-    first = next(iter(by_method.values()))
-    n_layers, n_heads = first["layer"].nunique(), first["head"].nunique()
-    with _style(grid=False):
-        fig = _figure(min(4.2 * n, 13), max(2.4, 0.45 * n_layers + 1.6) if n_heads <= 16 else 5)
-        axes = np.atleast_1d(fig.subplots(1, n))
-        for ax, (method, df) in zip(axes, by_method.items(), strict=True):
-            _heatmap(ax, _layer_head_matrix(df, "importance"), cmap="rocket_r", label="importance")
-            ax.set(title=method.replace("_", " "), xlabel="head", ylabel="layer")
-    return fig
-
-
+# --- pruning ------------------------------------------------------------------------------
 def prune_curve(df: pd.DataFrame, tolerance: float = 0.01) -> Figure:
     """Loss and accuracy as heads are pruned cumulatively: by importance against random order.
 
@@ -254,119 +217,6 @@ def heal_curves(df: pd.DataFrame) -> Figure:
         ax_loss.legend(frameon=False, fontsize="small")
         if _wide_positive(df["loss"]):
             _log_y(ax_loss, df["loss"])
-    return fig
-
-
-def similarity_clustermap(sim: pd.DataFrame, metric: str = "pattern") -> Figure:
-    """Head-by-head similarity, rows and columns ordered by average-linkage clustering, with its dendrogram."""
-    if not isinstance(sim, pd.DataFrame) or sim.shape[0] != sim.shape[1] or sim.empty:
-        raise AttnlabError(f"similarity_clustermap: expected a non-empty square DataFrame, got shape "
-                           f"{getattr(sim, 'shape', None)}")
-    values = sim.to_numpy(float)
-    order, links = average_linkage(1.0 - values)
-    ordered = sim.iloc[order, order]
-    n = len(order)
-    side = min(9.5, max(4.5, 0.28 * n + 2.5))
-    with _style(grid=False):
-        fig = _figure(side + 1.0, side)
-        # Tree above the heatmap in one gridspec column (so their x axes line up), colour bar beside.
-        grid = fig.add_gridspec(2, 2, height_ratios=(1, 5), width_ratios=(30, 1))
-        ax_tree = fig.add_subplot(grid[0, 0])
-        ax = fig.add_subplot(grid[1, 0], sharex=ax_tree)
-        cax = fig.add_subplot(grid[1, 1])
-        sns.heatmap(ordered, ax=ax, cbar_ax=cax, cmap="mako", vmin=0, vmax=1, annot=n <= 12, fmt=".2f",
-                    annot_kws={"fontsize": 6}, cbar_kws={"label": f"{metric} similarity"})
-        _draw_dendrogram(ax_tree, links, order)
-        ax.set(xlabel="", ylabel="")
-        ax.tick_params(labelsize=7)
-        ax_tree.set_title(f"Head similarity ({metric}), clustered")
-    return fig
-
-
-def _draw_dendrogram(ax, links: list[tuple[int, int, float]], order: list[int]) -> None:
-    """Draw merges as U shapes over leaf positions 0.5, 1.5, ... (the heatmap's cell centres)."""
-    x = {leaf: pos + 0.5 for pos, leaf in enumerate(order)}
-    y = dict.fromkeys(order, 0.0)
-    n = len(order)
-    for k, (a, b, height) in enumerate(links):
-        for c in (a, b):
-            ax.plot([x[c], x[c]], [y[c], height], color="#555555", lw=0.8)
-        ax.plot([x[a], x[b]], [height, height], color="#555555", lw=0.8)
-        x[n + k], y[n + k] = (x[a] + x[b]) / 2, height
-    ax.set_ylim(0, max([h for _, _, h in links], default=1.0) * 1.05 or 1.0)
-    ax.set_axis_off()
-
-
-ROLE_COLUMNS = ROLES  # owned by probes.roles, which computes them
-
-
-def head_roles(df: pd.DataFrame) -> Figure:
-    """How strongly each head attends where each known role would (Olsson et al. 2022)."""
-    _require(df, ("layer", "head", *ROLE_COLUMNS), "head_roles")
-    table = df.sort_values(["layer", "head"]).set_index(
-        [pd.Index([head_label(r.layer, r.head) for r in df.sort_values(["layer", "head"]).itertuples()])]
-    )[list(ROLE_COLUMNS)].T
-    table.index = [c.replace("_", " ") for c in table.index]
-    with _style(grid=False):
-        fig = _figure(min(13, max(5, 0.45 * table.shape[1] + 2.5)), 2.8)
-        ax = fig.subplots()
-        sns.heatmap(table, ax=ax, cmap="viridis", vmin=0, vmax=1, annot=table.size <= 128, fmt=".2f",
-                    annot_kws={"fontsize": 6}, cbar_kws={"label": "score"})
-        ax.set(title="Head roles", xlabel="", ylabel="")
-        ax.tick_params(labelsize=7)
-    return fig
-
-
-def attention_entropy(df: pd.DataFrame) -> Figure:
-    """Per-head mean attention entropy and mean largest weight (layer x head)."""
-    _require(df, ("layer", "head", "entropy", "max_prob"), "attention_entropy")
-    with _style(grid=False):
-        fig = _figure(9, max(2.4, 0.45 * df["layer"].nunique() + 1.6))
-        ax_e, ax_m = fig.subplots(1, 2)
-        _heatmap(ax_e, _layer_head_matrix(df, "entropy"), cmap="crest", label="nats", vmin=0)
-        ax_e.set(title="Attention entropy", xlabel="head", ylabel="layer")
-        _heatmap(ax_m, _layer_head_matrix(df, "max_prob"), cmap="flare", label="weight", vmin=0, vmax=1)
-        ax_m.set(title="Largest attention weight", xlabel="head", ylabel="layer")
-    return fig
-
-
-def attention_patterns(patterns: pd.DataFrame, tokens: list[int] | None = None) -> Figure:
-    """Attention patterns (query x key) of a few heads on one example.
-
-    ``patterns`` is long-format: columns layer, head, query, key, weight (one row per cell),
-    with an optional ``rank`` column giving the head's importance rank for the panel titles.
-    """
-    _require(patterns, ("layer", "head", "query", "key", "weight"), "attention_patterns")
-    keys = ["layer", "head"] + (["rank"] if "rank" in patterns.columns else [])
-    heads = patterns[keys].drop_duplicates()
-    if "rank" in heads.columns:
-        heads = heads.sort_values("rank")
-    n = len(heads)
-    cols = min(n, 4)
-    rows = -(-n // cols)
-    n_pos = int(patterns["query"].max()) + 1
-    with _style(grid=False):
-        fig = _figure(3.1 * cols + 0.6, 3.0 * rows + 0.3)
-        axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
-        for ax, head in zip(axes[:n], heads.itertuples(index=False), strict=True):
-            cells = patterns[(patterns["layer"] == head.layer) & (patterns["head"] == head.head)]
-            m = np.full((n_pos, n_pos), np.nan)
-            m[cells["query"].to_numpy(int), cells["key"].to_numpy(int)] = cells["weight"].to_numpy(float)
-            ax.imshow(m, cmap="Blues", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
-            title = head_label(head.layer, head.head)
-            if "rank" in heads.columns:
-                title += f"  (#{int(head.rank) + 1} by importance)"
-            ax.set_title(title, fontsize=9)
-            if tokens is not None and len(tokens) == n_pos and n_pos <= 32:
-                ax.set_xticks(np.arange(n_pos), [str(t) for t in tokens], fontsize=5, rotation=90)
-                ax.set_yticks(np.arange(n_pos), [str(t) for t in tokens], fontsize=5)
-                ax.set_xlabel("key (token id)", fontsize=8)
-                ax.set_ylabel("query (token id)", fontsize=8)
-            else:
-                ax.set_xlabel("key position", fontsize=8)
-                ax.set_ylabel("query position", fontsize=8)
-        for ax in axes[n:]:
-            ax.set_axis_off()
     return fig
 
 

@@ -15,6 +15,10 @@ held at zero (:mod:`harness.model.head_mask`):
 Each student is a run of its own under ``out`` (default ``RUN_DIR/heal``); the loss and accuracy
 of every model on the probes' fixed validation batch go to ``RUN_DIR/probes/heal.csv``, which the
 report draws against the prune curve before healing.
+
+Healing retrains, so it needs a run ``attnlab train`` made, and those are decoder-only Transformers: a run
+directory holding another model's results (an encoder-decoder's through ``attnlab probe --hf/--model``) is
+refused with one line, before any work.
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ def importance_order(run_dir: Path, model: Any, tokens: torch.Tensor, loss_mask:
         frame = rundata.read_csv(path, rundata.COLUMNS["importance"])
     else:
         frame = probes.head_importance(model, tokens, loss_mask=loss_mask, method="gradient")
+    if "kind" in frame:  # attnlab train makes decoder-only models: a kind column is another model's file
+        raise AttnlabError(f"{path} ranks an encoder-decoder's heads (column kind): expected the importance of this "
+                           f"run's decoder-only model (re-run attnlab probe on it)")
     frame = frame.sort_values(["layer", "head"])
     scores = torch.tensor(frame["importance"].to_numpy(), dtype=torch.float64)
     if scores.numel() != model.cfg.n_layers * model.cfg.n_heads:
@@ -108,6 +115,11 @@ def heal(run_dir: str | os.PathLike, *, fractions: Any = HEAL_FRACTIONS, steps: 
     under ``out`` from an earlier call are replaced.
     """
     path = rundata.require_run_dir(run_dir)
+    layout = RunDir(path)
+    if layout.model_json.exists() and not layout.checkpoint.exists():
+        raise AttnlabError(f"attnlab heal retrains a run attnlab trained (its checkpoint/); {path} holds the results "
+                           f"of a model from outside attnlab (model.json), which heal cannot retrain: expected a run "
+                           f"directory made by attnlab train")
     model_cfg, train_cfg = read_configs(path)
     n_layers, n_heads = model_cfg.n_layers, model_cfg.n_heads
     fracs = _check_fractions(fractions, n_layers * n_heads)
@@ -152,7 +164,6 @@ def heal(run_dir: str | os.PathLike, *, fractions: Any = HEAL_FRACTIONS, steps: 
                      *_evaluate(harness.load_run(out_dir / tag), tokens, loss_mask)))
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame["seed"] = frame["seed"].astype("Int64")
-    layout = RunDir(path)
     layout.probes.mkdir(exist_ok=True)
     atomic_write(layout.probe_file(HEAL_CSV), lambda f: frame.to_csv(f, index=False))
     return frame

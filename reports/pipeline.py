@@ -140,7 +140,8 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
           progress: Optional[bool] = None, model: Any = None, data: Any = None, dtype: Optional[str] = DTYPE,
           device: Optional[str] = DEVICE, attn_implementation: Optional[str] = ATTN_IMPLEMENTATION,
           methods: Optional[Sequence[str]] = PROBE_RUN_METHODS, budget: Optional[float] = PROBE_BUDGET,
-          resume: bool = False, exact_top: int = PROBE_EXACT_TOP) -> dict[str, Any]:
+          resume: bool = False, exact_top: int = PROBE_EXACT_TOP, source: Optional[dict[str, Any]] = None
+          ) -> dict[str, Any]:
     """Run the head probes on the run's model over a fixed validation batch; writes ``probes/*``.
 
     ``model`` with ``data = (tokens, loss_mask or None)`` probes a model from outside attnlab
@@ -154,6 +155,10 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
     and ``probes/manifest.json`` records the model, data, options and finished methods; ``resume``
     continues a stopped run, skipping those, and refuses one made from another model or options.
     ``progress=False`` prints nothing; otherwise progress lines go to stderr, terminal or not.
+
+    ``source``: an encoder-decoder's source keywords (``source_tokens``, ``source_mask``) for ``data``'s rows
+    (:func:`reports.external.seq2seq_tokens`); every method then covers its encoder self-attention, decoder
+    self-attention and cross-attention heads, each per-head file with a ``kind`` column.
     """
     check_positive_int("sequences", sequences)
     check_positive_int("top_k", top_k)
@@ -173,10 +178,11 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
     where = model_device(model)  # the probes move their inputs themselves; top_patterns' cache run does not
     tokens = tokens.to(where)
     loss_mask = None if loss_mask is None else loss_mask.to(where)
+    src = {name: t.to(where) for name, t in (source or {}).items()}
     layout = RunDir(path)
     layout.probes.mkdir(exist_ok=True)
     manifest_path = layout.probe_file(rundata.PROBE_FILES["manifest"])
-    ident = manifest.identity(model, tokens, loss_mask)
+    ident = manifest.identity(model, tokens, loss_mask, src)
     options = {"sequences": int(tokens.shape[0]), "seeds": list(seeds), "tolerance": float(tolerance),
                "top_k": top_k, "exact_top": exact_top, "dtype": dtype, "device": device,
                "attn_implementation": attn_implementation}
@@ -195,7 +201,7 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         return None if budget is None else budget * 60 - (time.perf_counter() - began)
 
     seconds, shape = steps.first_pass(model, tokens, loss_mask, exact_top, len(seeds),
-                                      backward="importance_gradient" not in record["finished"])
+                                      backward="importance_gradient" not in record["finished"], source=src)
     say.tail = shape.tail
     release_memory()
     the_plan = plan.make_plan(chosen, shape, seconds, None if budget is None else budget * 60,
@@ -208,7 +214,11 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
     atomic_write_json(manifest_path, record, indent=1)
     example = pd.DataFrame({"position": range(tokens.shape[1]), "token": tokens[0].tolist()})
     _write_csv(example, layout.probe_file(rundata.PROBE_FILES["example"]), index=False)
-    ctx = steps.Context(model, tokens, loss_mask, tuple(seeds), float(tolerance), top_k, layout)
+    source_file = layout.probe_file(rundata.PROBE_FILES["example_source"])
+    source_file.unlink(missing_ok=True)
+    if src:  # the example's source: the keys of its encoder and cross-attention patterns
+        _write_csv(steps.example_source(src), source_file, index=False)
+    ctx = steps.Context(model, tokens, loss_mask, tuple(seeds), float(tolerance), top_k, layout, src)
     for method, done in record["finished"].items():  # --resume: what later methods read, from the files
         ctx.results[method] = steps.read(layout, method)
         ctx.costs[method] = (done["seconds"], done.get("forward", float("nan")), done.get("backward", float("nan")))

@@ -12,7 +12,6 @@ import base64
 import html
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,9 +26,12 @@ from PIL import Image  # matplotlib's own dependency: reads back the figures' si
 
 from harness.run_dir import RunDir, atomic_write_text
 from reports import figures as plots  # not `F`: that reads as torch.nn.functional
+from reports import figures_heads as head_plots
 from reports import figures_precision as precision_plot
 from reports import rundata
+from reports.format import fmt, pct
 from reports.rundata import RunData
+from reports.tables import estimator_rows, heal_rows, not_applicable_roles, redundancy_rows, stack_rows, top_heads
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -65,33 +67,6 @@ def md_escape(value: Any) -> Markup:
     return Markup(" ".join(text.splitlines()))
 
 
-def fmt(value: Any, digits: int = 4) -> str:
-    """Numbers to ``digits`` significant figures; missing values as an em dash."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value.is_integer() and abs(value) < 1e6:
-            return f"{value:,.0f}"
-        if 1e-3 <= abs(value) < 1e5:
-            return f"{value:.{digits}g}"
-        return f"{value:.{max(digits - 1, 1)}e}"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(fmt(v, digits) for v in value) if value else "none"
-    return str(value)
-
-
-def pct(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    v = float(value)
-    text = f"{v:.2%}" if 0.999 <= v < 1 else f"{v:.1%}"  # never round a near miss up to a perfect 100%
-    return text.replace(".0%", "%")
-
-
 def _environment(kind: str) -> jinja2.Environment:
     common: dict[str, Any] = {"loader": jinja2.FileSystemLoader(str(TEMPLATES)), "undefined": jinja2.StrictUndefined,
                               "trim_blocks": True, "lstrip_blocks": True, "keep_trailing_newline": True}
@@ -125,7 +100,7 @@ def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]
     if data.importance:
         specs.append(("importance", "Head importance", "Loss change when each head is removed (ablation: output "
                       "set to zero; mean ablation: replaced by its per-position mean) and the gradient estimate "
-                      "of Michel, Levy & Neubig (2019).", lambda: plots.importance_heatmaps(data.importance)))
+                      "of Michel, Levy & Neubig (2019).", lambda: head_plots.importance_heatmaps(data.importance)))
     if data.prune_curve is not None:
         tol = (data.redundancy or {}).get("tolerance", rundata.TOLERANCE)
         specs.append(("prune_curve", "Pruning curve", "Heads removed cumulatively, least important first, "
@@ -134,18 +109,19 @@ def _figure_specs(data: RunData) -> list[tuple[str, str, str, Callable[[], Any]]
     if data.similarity is not None:
         specs.append(("similarity", "Head similarity", "1 - mean Jensen-Shannon divergence between the heads' "
                       "attention patterns, ordered by average-linkage clustering.",
-                      lambda: plots.similarity_clustermap(data.similarity)))
+                      lambda: head_plots.similarity_clustermap(data.similarity)))
     if data.head_roles is not None:
         specs.append(("head_roles", "Head roles", "Attention mass each head puts on the previous token, on the "
                       "token after an earlier copy of the current one (induction), on an earlier copy of itself, "
-                      "and on the first position.", lambda: plots.head_roles(data.head_roles)))
+                      "and on the first position.", lambda: head_plots.head_roles(data.head_roles)))
     if data.attention_entropy is not None:
         specs.append(("attention_entropy", "Attention entropy", "Mean entropy of each head's attention rows and "
-                      "its mean largest weight.", lambda: plots.attention_entropy(data.attention_entropy)))
+                      "its mean largest weight.", lambda: head_plots.attention_entropy(data.attention_entropy)))
     if data.patterns is not None:
         specs.append(("patterns", "Attention patterns of the most important heads", "One validation example; "
                       "rows are queries, columns keys.",
-                      lambda: plots.attention_patterns(data.patterns, data.example_tokens)))
+                      lambda: head_plots.attention_patterns(data.patterns, data.example_tokens,
+                                                            data.example_source)))
     if data.estimators is not None:
         specs.append(("estimators", "Importance estimators against the exact answer", "Each estimator's head "
                       "ranking against exact leave-one-out ablation (rank correlation), the heads its order prunes "
@@ -185,84 +161,6 @@ def _properties_rows(df: pd.DataFrame) -> list[dict]:
         rows.append({**r, "status": status, "reason": r.get("reason") or ""})
     order = {"fail": 0, "unobservable": 1, "pass": 2, "n/a": 3}
     return sorted(rows, key=lambda r: order[r["status"]])
-
-
-def _top_heads(data: RunData, k: int = 8) -> list[dict]:
-    df = data.importance.get("ablation", next(iter(data.importance.values()), None))
-    if df is None:
-        return []
-    top = df.sort_values("importance", ascending=False).head(k)
-    return [{"head": plots.head_label(r.layer, r.head), "importance": float(r.importance),
-             "loss_delta": float(r.loss_delta)} for r in top.itertuples()]
-
-
-# Readable names for probes.redundancy's keys; per-layer keys end in _L{l}. Unknown keys show as they are.
-REDUNDANCY_ROWS = (
-    ("prunable_fraction", "heads prunable, importance order", pct),
-    ("random_prunable_fraction", "heads prunable, random order (mean over seeds)", pct),
-    ("prunable_heads", "heads prunable (count)", fmt),
-    ("n_heads", "heads in the model", fmt),
-    ("tolerance", "loss budget (relative)", pct),
-    ("baseline_loss", "loss, nothing pruned", fmt),
-    ("pruned_loss", "loss, prunable heads pruned", fmt),
-    ("baseline_accuracy", "accuracy, nothing pruned", pct),
-    ("pruned_accuracy", "accuracy, prunable heads pruned", pct),
-    ("one_head_all_layers_rel_increase", "loss rise keeping one head per layer", pct),
-    ("one_head_all_layers_accuracy", "accuracy keeping one head per layer", pct),
-)
-REDUNDANCY_PER_LAYER = (
-    ("heads_needed_L", "heads layer {l} needs (others intact)", fmt),
-    ("one_head_best_L", "best single head of layer {l}", None),
-    ("one_head_rel_increase_L", "loss rise keeping only that head in layer {l}", pct),
-)
-
-
-def redundancy_rows(red: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(label, formatted value)`` rows for the redundancy table, known keys first, in a reading order."""
-    rows, used = [], set()
-    for key, label, how in REDUNDANCY_ROWS:
-        if key in red:
-            rows.append((label, how(red[key])))
-            used.add(key)
-    layers = sorted({int(k.rsplit("_L", 1)[1]) for k in red if re.fullmatch(r".+_L\d+", k)})
-    for layer in layers:
-        for prefix, label, layer_how in REDUNDANCY_PER_LAYER:
-            key = f"{prefix}{layer}"
-            if key in red:
-                value = f"L{layer}H{int(red[key])}" if layer_how is None else layer_how(red[key])
-                rows.append((label.format(l=layer), value))
-                used.add(key)
-    rows += [(k, fmt(v)) for k, v in sorted(red.items()) if k not in used]
-    return rows
-
-
-def heal_rows(heal: Any) -> list[dict] | None:
-    """The heal table: per pruned fraction (importance order), loss and accuracy at each stage."""
-    if heal is None:
-        return None
-    imp = heal[heal["order"] == "importance"]
-    rows = []
-    for frac, group in imp.groupby("fraction_pruned", sort=True):
-        by = group.set_index("stage")
-        rows.append({"fraction": pct(frac), "n_pruned": int(group["n_pruned"].iloc[0]),
-                     **{f"{col}_{s.replace('-', '_')}": by[col].get(s) for col in ("loss", "accuracy")
-                        for s in ("before", "fine-tuned", "distilled")}})
-    return rows
-
-
-def estimator_rows(df: Any) -> list[dict] | None:
-    """The estimator table: one row per method, its prunable fraction per budget as ``budgets``."""
-    if df is None:
-        return None
-    rows = []
-    for method, group in df.groupby("method", sort=False):
-        first = group.iloc[0]
-        rows.append({"method": method, "spearman": float(first["spearman"]), "kendall": float(first["kendall"]),
-                     "budgets": [(pct(b), pct(f)) for b, f in zip(group["budget"], group["prunable_fraction"],
-                                                                  strict=True)],
-                     "seconds": float(first["seconds"]),
-                     "passes": float(first["forward_passes"] + first["backward_passes"])})
-    return rows
 
 
 def card_rows(card: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -326,7 +224,10 @@ def context(data: RunData, figures: list[FigureInfo]) -> dict[str, Any]:
         "properties": None if data.properties is None else _properties_rows(data.properties),
         "slopes": slopes,
         "redundancy": None if data.redundancy is None else redundancy_rows(data.redundancy),
-        "top_heads": _top_heads(data),
+        "top_heads": top_heads(data),
+        "stacks": stack_rows(data),
+        "stacks_note": head_plots.STACKS_NOTE if data.stacks else "",
+        "na_roles": not_applicable_roles(data),
         "has_probes": data.has_probes,
         "probe_status": rundata.probe_status(data),
         "heal_rows": heal_rows(data.heal),

@@ -24,6 +24,7 @@ from harness.model.transformer import Transformer
 from harness.run_dir import RunDir, read_json
 from harness.training.checkpoint import read_configs
 from harness.training.metrics import CURVES
+from probes._validate import KINDS, head_name
 from probes.compare import ESTIMATOR_COLUMNS
 from probes.importance import METHODS
 from probes.roles import ROLES
@@ -46,6 +47,7 @@ PROBE_FILES = {
     "attention_entropy": "attention_entropy.csv",
     "patterns": "patterns.csv",
     "example": "example_tokens.csv",
+    "example_source": "example_source_tokens.csv",  # an encoder-decoder's: the example's source
     "heal": "heal.csv",  # written by the heal stage (reports.heal)
     "estimators": "estimators.csv",  # probes.compare_estimators
     "manifest": "manifest.json",  # reports.probe_run.manifest: what a probe run was made from, what finished
@@ -64,6 +66,7 @@ COLUMNS = {
     "attention_entropy": ("layer", "head", "entropy", "max_prob"),
     "patterns": ("layer", "head", "rank", "query", "key", "weight"),
     "example": ("position", "token"),
+    "example_source": ("position", "token", "real"),
     "heal": ("order", "seed", "n_pruned", "fraction_pruned", "stage", "loss", "accuracy"),
     "estimators": ESTIMATOR_COLUMNS,
 }
@@ -135,6 +138,7 @@ class RunData:
     attention_entropy: Optional[pd.DataFrame] = None
     patterns: Optional[pd.DataFrame] = None
     example_tokens: Optional[list[int]] = None
+    example_source: Optional[list[int]] = None  # an encoder-decoder's: the example's source tokens
     heal: Optional[pd.DataFrame] = None
     model_card: Optional[dict] = None  # model.json of a model from outside attnlab (then no configs, no metrics)
     estimators: Optional[pd.DataFrame] = None
@@ -143,6 +147,14 @@ class RunData:
     @property
     def has_probes(self) -> bool:
         return bool(self.importance) or self.prune_curve is not None or self.head_roles is not None
+
+    @property
+    def stacks(self) -> list[str]:
+        """The kinds of heads the probe files name (an encoder-decoder's ``encoder``, ``decoder``, ``cross``, in
+        that order); empty for a decoder-only model, whose files have no ``kind`` column."""
+        frames = [*self.importance.values(), self.head_roles, self.attention_entropy, self.patterns]
+        seen = {str(k) for f in frames if f is not None and "kind" in f for k in f["kind"].dropna()}
+        return [kind for kind in KINDS if kind in seen]
 
 
 def load(run_dir: Any) -> RunData:
@@ -201,6 +213,8 @@ def _load_stages(data: RunData) -> RunData:
         raise AttnlabError(f"{layout.probe_file(PROBE_FILES['similarity'])} is not a square head-by-head table")
     example = _optional_csv(layout.probe_file(PROBE_FILES["example"]), COLUMNS["example"])
     data.example_tokens = None if example is None else [int(t) for t in example.sort_values("position")["token"]]
+    source = _optional_csv(layout.probe_file(PROBE_FILES["example_source"]), COLUMNS["example_source"])
+    data.example_source = None if source is None else [int(t) for t in source.sort_values("position")["token"]]
     if layout.redundancy_json.exists():
         data.redundancy = read_json(layout.redundancy_json)
     manifest = layout.probe_file(PROBE_FILES["manifest"])
@@ -228,7 +242,7 @@ def _last(series: pd.Series) -> float:
 
 def induction_heads(head_roles: pd.DataFrame, threshold: float = INDUCTION_THRESHOLD) -> list[str]:
     strong = head_roles[head_roles["induction"] > threshold].sort_values("induction", ascending=False)
-    return [f"L{int(r.layer)}H{int(r.head)}" for r in strong.itertuples()]
+    return [head_name(getattr(r, "kind", None), r.layer, r.head) for r in strong.itertuples()]
 
 
 def prunable_by_accuracy(curve: pd.DataFrame, drop: float = ACCURACY_DROP) -> dict[str, float]:

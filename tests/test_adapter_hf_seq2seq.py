@@ -12,14 +12,7 @@ from unittest import mock
 
 import pytest
 import torch
-from transformers import (
-    BartConfig,
-    BartForConditionalGeneration,
-    MarianConfig,
-    MarianMTModel,
-    T5Config,
-    T5ForConditionalGeneration,
-)
+from transformers import BartConfig, BartForConditionalGeneration
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.models.bart import modeling_bart
 from transformers.models.t5 import modeling_t5
@@ -29,24 +22,13 @@ from harness.adapters import HFAdapter, HFSeq2SeqAdapter, adapt, observed_hooks
 from harness.adapters.entry import describe
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.protocol_facts import CROSS_ATTN_HOOKS, cross_attn_hook, encoder_hook
+from tests.helpers.hf_models import SEQ2SEQ_VOCAB, seq2seq
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-VOCAB = 96
+VOCAB = SEQ2SEQ_VOCAB
+tiny = seq2seq
 CROSS_ROWS = ("encoder_bidirectional", "cross_attention_pattern", "source_padding_outputs", "cross_kv_cache")
-
-
-def tiny(kind: str):
-    torch.manual_seed(0)
-    widths = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
-    if kind == "bart":
-        return BartForConditionalGeneration(BartConfig(**widths)).eval()
-    if kind == "marian":
-        return MarianMTModel(MarianConfig(**widths, pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1)).eval()
-    return T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                                               num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                                               relative_attention_max_distance=16)).eval()
 
 
 def batch(seed: int = 1):

@@ -17,33 +17,17 @@ import probes
 from harness import ModelConfig, Transformer
 from harness.errors import AttnlabError
 from harness.model.seq2seq import EncoderDecoder, Seq2SeqConfig
-from harness.training.seq2seq_task import Seq2SeqBatch, Seq2SeqTask, train_seq2seq
+from harness.training.seq2seq_task import Seq2SeqBatch, train_seq2seq
 from probes._validate import model_info
+from tests.helpers.seq2seq_probe import TASK, encoder_decoder, probe_keywords
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TASK = Seq2SeqTask("reverse", n_symbols=8, max_len=6)
 # Leave-one-out and the plain forward differ only in float32 summation order (the probe's batched, repeated
 # rows and its prefix residuals): 1e-5 on losses near 2 is ~50 float32 ulps of slack.
 LOO_TOL = 1e-5
-
-
-def _model(d_model: int = 16, seed: int = 0) -> EncoderDecoder:
-    model = EncoderDecoder(Seq2SeqConfig(n_layers=2, n_encoder_layers=2, d_model=d_model, n_heads=2,
-                                         d_vocab=TASK.d_vocab, n_ctx=TASK.max_len + 1, seed=seed))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # an initialised model's biases are 0 and its heads alike: make every head matter
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
-    return model.eval()
-
-
-def _inputs(batch: Seq2SeqBatch) -> dict:
-    """head_importance's keywords for a batch: position t of the decoder input is a target when it is a real
-    target token (predicted from t - 1), so the probe's loss is the task's loss."""
-    loss_mask = torch.zeros_like(batch.decoder_input, dtype=torch.bool)
-    loss_mask[:, 1:] = batch.target_mask[:, :-1]
-    return dict(loss_mask=loss_mask, source_tokens=batch.source, source_mask=batch.source_mask)
+_model = encoder_decoder
+_inputs = probe_keywords
 
 
 def _plain_loss(model: EncoderDecoder, batch: Seq2SeqBatch, hook: str | None = None, head: int = 0) -> float:

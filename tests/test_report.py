@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from reports import figures, figures_precision, render, rundata
+from reports import figures, figures_heads, figures_precision, render, rundata
 from reports.cluster import average_linkage
 
 SECTIONS = ("headline", "model", "training", "properties", "saturation", "heads")
@@ -226,7 +226,7 @@ def test_figures_refuse_tables_without_their_columns():
     with pytest.raises(ValueError, match="val_accuracy"):
         figures.training_curves(pd.DataFrame({"step": [1], "lr": [1.0], "train_loss": [1.0], "val_loss": [1.0]}))
     with pytest.raises(ValueError, match="square"):
-        figures.similarity_clustermap(pd.DataFrame(np.zeros((2, 3))))
+        figures_heads.similarity_clustermap(pd.DataFrame(np.zeros((2, 3))))
 
 
 def test_md_escape_and_number_format():

@@ -38,6 +38,14 @@ class Seq2SeqBatch:
     target_mask: Tensor  # True where target is a real target token
     lengths: Tensor  # [batch] real source length = target length
 
+    @property
+    def loss_mask(self) -> Tensor:
+        """bool ``[batch, max_len + 1]``: decoder positions whose token is a target, predicted from the position
+        before (the next-token reading of ``target_mask``, which marks the position that predicts it)."""
+        mask = torch.zeros_like(self.decoder_input, dtype=torch.bool)
+        mask[:, 1:] = self.target_mask[:, :-1]
+        return mask
+
 
 class Seq2SeqTask:
     """``reverse`` or ``sort`` from a padded source; ``n_symbols`` distinct symbols, sources of 1..``max_len``."""

@@ -36,20 +36,26 @@ def fingerprint(model: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def data_hash(tokens: torch.Tensor, loss_mask: Optional[torch.Tensor]) -> str:
+def data_hash(tokens: torch.Tensor, loss_mask: Optional[torch.Tensor],
+              source: Optional[dict[str, torch.Tensor]] = None) -> str:
+    """A short hash of the probe data; an encoder-decoder's source keywords count too (a decoder-only run's hash
+    is what it was before sources existed, so its --resume still matches)."""
     digest = hashlib.sha256(tokens.detach().cpu().to(torch.int64).numpy().tobytes())
     digest.update(str(tuple(tokens.shape)).encode())
     if loss_mask is not None:
         digest.update(loss_mask.detach().cpu().to(torch.int64).numpy().tobytes())
+    for name, t in sorted((source or {}).items()):
+        digest.update(f"{name}{tuple(t.shape)}".encode() + t.detach().cpu().to(torch.int64).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
-def identity(model: Any, tokens: torch.Tensor, loss_mask: Optional[torch.Tensor]) -> dict[str, Any]:
+def identity(model: Any, tokens: torch.Tensor, loss_mask: Optional[torch.Tensor],
+             source: Optional[dict[str, torch.Tensor]] = None) -> dict[str, Any]:
     """The model and the data a run was made from."""
     cfg = model.cfg
     return {"class": type(model).__name__, "n_layers": int(cfg.n_layers), "n_heads": int(cfg.n_heads),
             "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab), "weights": fingerprint(model),
-            "data": data_hash(tokens, loss_mask)}
+            "data": data_hash(tokens, loss_mask, source)}
 
 
 def new(ident: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import probes
 from harness.run_dir import RunDir, atomic_write, atomic_write_json, read_json
 from probes import _head_stats, gates
 from probes._patterns import PATTERN_ELEMENTS
-from probes._validate import model_info, probe_data
+from probes._stacks import with_kinds
+from probes._validate import ModelInfo, model_info, probe_data
 from probes.compare import ESTIMATORS
 from probes.importance import importance_frame
 from probes.similarity import jsd_row
@@ -44,17 +45,28 @@ class Context:
     tolerance: float
     top_k: int
     layout: RunDir
+    # an encoder-decoder's source keywords (source_tokens, source_mask), passed to every probe; empty: none
+    source: dict[str, Any] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     costs: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # seconds, forward, backward
     _attribution: Optional[probes.Attribution] = None
+    _info: Optional[ModelInfo] = None
+
+    @property
+    def info(self) -> ModelInfo:
+        """The probes' rows of heads: the layers, or an encoder-decoder's three stacks' (``model_info(all_heads)``)."""
+        if self._info is None:
+            self._info = model_info(self.model, all_heads=True)
+        return self._info
 
     @property
     def n_heads(self) -> int:
-        return int(self.model.cfg.n_layers * self.model.cfg.n_heads)
+        return int(self.info.n_layers * self.info.n_heads)
 
     def attribution(self) -> probes.Attribution:
         if self._attribution is None:
-            self._attribution = probes.attribution_scores(self.model, self.tokens, loss_mask=self.loss_mask)
+            self._attribution = probes.attribution_scores(self.model, self.tokens, loss_mask=self.loss_mask,
+                                                          **self.source)
         return self._attribution
 
     def has_estimates(self) -> bool:
@@ -65,17 +77,17 @@ class Context:
     def scores(self, method: str) -> Tensor:
         """``[n_layers, n_heads]`` importance of a finished importance method (read back on --resume)."""
         frame = self.results[f"importance_{method}"]
-        cfg = self.model.cfg
-        return torch.tensor(frame["importance"].to_numpy(), dtype=torch.float64).view(cfg.n_layers, cfg.n_heads)
+        return torch.tensor(frame["importance"].to_numpy(), dtype=torch.float64).view(self.info.n_layers,
+                                                                                      self.info.n_heads)
 
     def estimate(self, method: str) -> Tensor:
         """First-order loss change of removing each head (zero ablation for ``ablation``, mean otherwise):
         from this run's attribution pass, or from the files of the finished methods that hold it (--resume)."""
         source = "importance_gradient" if method == "ablation" else "importance_attribution"
         if source in self.results:
-            cfg = self.model.cfg
             frame = self.results[source]
-            return torch.tensor(frame["loss_delta"].to_numpy(), dtype=torch.float64).view(cfg.n_layers, cfg.n_heads)
+            return torch.tensor(frame["loss_delta"].to_numpy(), dtype=torch.float64).view(self.info.n_layers,
+                                                                                          self.info.n_heads)
         a = self.attribution()
         return a.zero_delta if method == "ablation" else a.mean_delta
 
@@ -87,10 +99,12 @@ class Context:
 
 
 def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_top: int, seeds: int,
-               backward: bool = True) -> tuple[float, Shape]:
-    """Seconds of one pass of the whole data through the whole model, timed on the model itself, and its shape."""
-    info = model_info(model)
-    data = probe_data(info, tokens, loss_mask=loss_mask)
+               backward: bool = True, source: Optional[dict[str, Any]] = None) -> tuple[float, Shape]:
+    """Seconds of one pass of the whole data through the whole model, timed on the model itself, and its shape
+    (an encoder-decoder's, given its ``source`` keywords: a "layer" of the shape is a row of heads of one stack)."""
+    source = source or {}
+    info = model_info(model, all_heads=True)
+    data = probe_data(info, tokens, loss_mask=loss_mask, **source)
     ones = torch.ones(1, info.n_layers, info.n_heads)
     seconds: list[float] = []
     tails: list[float] = []
@@ -109,7 +123,8 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
     grad_passes = 0.0
     if backward:
         grad_rows = min(data.n, gates.grad_rows(None, info, data.pos))
-        chunk = probe_data(info, tokens[:grad_rows], loss_mask=None if loss_mask is None else loss_mask[:grad_rows])
+        chunk = probe_data(info, tokens[:grad_rows], loss_mask=None if loss_mask is None else loss_mask[:grad_rows],
+                           **{name: t[:grad_rows] for name, t in source.items()})
         timed = []
         for _ in range(2 if grad_rows < data.n else 1):  # the first backward pays one-off costs; the run pays them once
             start = time.perf_counter()
@@ -174,7 +189,7 @@ def _top(estimate: Tensor, k: int) -> Tensor:
 def _exact_for_top(ctx: Context, method: str, estimate: Tensor, k: int) -> pd.DataFrame:
     """Exact ``method`` for the top ``k`` heads of ``estimate``; the other rows keep the estimate (exact False)."""
     frame = probes.head_importance(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, method=method,
-                                   heads=_top(estimate, k))
+                                   heads=_top(estimate, k), **ctx.source)
     exact = frame["loss_delta"].notna()
     guess = estimate.flatten().cpu().numpy()
     frame.loc[~exact, "importance"] = guess[~exact.to_numpy()]
@@ -188,9 +203,11 @@ def _importance(method: str) -> Callable[[Context, Variant], Any]:
         if method in ("gradient", "attribution"):
             a = ctx.attribution()
             imp, delta = (a.gradient, a.zero_delta) if method == "gradient" else (a.mean_delta, a.mean_delta)
-            return importance_frame(imp, delta, method=method, normalize=False, baseline_loss=None)
+            return with_kinds(importance_frame(imp, delta, method=method, normalize=False, baseline_loss=None),
+                              ctx.info)
         if variant.name == "exact":
-            frame = probes.head_importance(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, method=method)
+            frame = probes.head_importance(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, method=method,
+                                           **ctx.source)
             frame["exact"] = True
             return frame
         return _exact_for_top(ctx, method, ctx.estimate(method), int(variant.name.split()[2]))
@@ -201,36 +218,52 @@ def _prune_curve(ctx: Context, variant: Variant) -> pd.DataFrame:
     full = variant.name == "11 points"
     return probes.prune_curve(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, order=("importance", "random"),
                               seeds=ctx.seeds if full else ctx.seeds[:1], scores=ctx.gradient(),
-                              fractions=None if full else REDUCED_FRACTIONS)
+                              fractions=None if full else REDUCED_FRACTIONS, **ctx.source)
 
 
 def _redundancy(ctx: Context, variant: Variant) -> pd.Series:
     return probes.redundancy(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, tolerance=float(ctx.tolerance),
-                             seeds=ctx.seeds, scores=ctx.gradient(), per_layer=variant.name == "full")
+                             seeds=ctx.seeds, scores=ctx.gradient(), per_layer=variant.name == "full", **ctx.source)
 
 
-def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int) -> pd.DataFrame:
-    """Attention patterns of the ``k`` most important heads on ``tokens[:1]``, long format."""
+def top_patterns(model: Any, tokens: Any, importance: pd.DataFrame, k: int,
+                 source: Optional[dict[str, Tensor]] = None) -> pd.DataFrame:
+    """Attention patterns of the ``k`` most important heads on ``tokens[:1]``, long format; an encoder-decoder's
+    (``importance`` with its ``kind`` column, ``source`` its keywords) lead with the head's ``kind``."""
     top = importance.sort_values("importance", ascending=False).head(k).reset_index(drop=True)
-    layers = sorted({int(layer) for layer in top["layer"]})
-    names = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
+    info = model_info(model, all_heads=True)
+    kinds = list(top["kind"]) if "kind" in top else [None] * len(top)
+    rows = [info.rows_of(kind)[int(layer)] for kind, layer in zip(kinds, top["layer"], strict=True)]
+    names = {info.pattern_hooks[row] for row in rows}
+    one = {name: t[:1] for name, t in (source or {}).items()}
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens[:1], names_filter=lambda n: n in names)
+        _, cache = model.run_with_cache(tokens[:1], names_filter=lambda n: n in names, **one)
     frames = []
     for rank, row in top.iterrows():
-        pattern = cache[f"blocks.{int(row['layer'])}.attn.hook_pattern"][0, int(row["head"])].float().cpu()
+        pattern = cache[info.pattern_hooks[rows[rank]]][0, int(row["head"])].float().cpu()
         q, kk = torch.meshgrid(torch.arange(pattern.shape[0]), torch.arange(pattern.shape[1]), indexing="ij")
-        frames.append(pd.DataFrame({"layer": int(row["layer"]), "head": int(row["head"]), "rank": rank,
-                                    "query": q.flatten().numpy(), "key": kk.flatten().numpy(),
-                                    "weight": pattern.flatten().numpy()}))
+        frame = pd.DataFrame({"layer": int(row["layer"]), "head": int(row["head"]), "rank": rank,
+                              "query": q.flatten().numpy(), "key": kk.flatten().numpy(),
+                              "weight": pattern.flatten().numpy()})
+        if kinds[rank] is not None:
+            frame.insert(0, "kind", kinds[rank])
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def example_source(source: dict[str, Tensor]) -> pd.DataFrame:
+    """The first sequence's source, one row per position: what ``example_source_tokens.csv`` holds."""
+    tokens = source["source_tokens"][0]
+    mask = source.get("source_mask")
+    real = torch.ones_like(tokens) if mask is None else mask[0]
+    return pd.DataFrame({"position": range(len(tokens)), "token": tokens.tolist(), "real": real.long().tolist()})
 
 
 def _patterns(ctx: Context, variant: Variant) -> pd.DataFrame:
     found = [m for m in ("ablation", "mean_ablation", "attribution", "gradient") if f"importance_{m}" in ctx.results]
     importance = ctx.results[f"importance_{found[0]}"] if found else \
-        importance_frame(ctx.attribution().zero_delta, ctx.attribution().zero_delta)
-    return top_patterns(ctx.model, ctx.tokens, importance, min(ctx.top_k, ctx.n_heads))
+        with_kinds(importance_frame(ctx.attribution().zero_delta, ctx.attribution().zero_delta), ctx.info)
+    return top_patterns(ctx.model, ctx.tokens, importance, min(ctx.top_k, ctx.n_heads), ctx.source)
 
 
 def _estimators(ctx: Context, variant: Variant) -> pd.DataFrame:
@@ -246,16 +279,16 @@ def _estimators(ctx: Context, variant: Variant) -> pd.DataFrame:
             known.pop("baseline_loss")
     methods = ESTIMATORS if variant.name == "with l0_gates" else tuple(m for m in ESTIMATORS if m != "l0_gates")
     return probes.compare_estimators(ctx.model, ctx.tokens, loss_mask=ctx.loss_mask, seed=ctx.seeds[0],
-                                     methods=methods, known=known)
+                                     methods=methods, known=known, **ctx.source)
 
 
 RUNNERS: dict[str, Callable[[Context, Variant], Any]] = {
     **{f"importance_{m}": _importance(m) for m in ("gradient", "attribution", "ablation", "mean_ablation")},
     "prune_curve": _prune_curve,
     "redundancy": _redundancy,
-    "similarity": lambda ctx, v: probes.head_similarity(ctx.model, ctx.tokens, metric="pattern"),
-    "head_roles": lambda ctx, v: probes.head_roles(ctx.model, ctx.tokens),
-    "attention_entropy": lambda ctx, v: probes.attention_entropy(ctx.model, ctx.tokens),
+    "similarity": lambda ctx, v: probes.head_similarity(ctx.model, ctx.tokens, metric="pattern", **ctx.source),
+    "head_roles": lambda ctx, v: probes.head_roles(ctx.model, ctx.tokens, **ctx.source),
+    "attention_entropy": lambda ctx, v: probes.attention_entropy(ctx.model, ctx.tokens, **ctx.source),
     "patterns": _patterns,
     "estimators": _estimators,
 }
