@@ -32,6 +32,7 @@ from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward a
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
 from transformers.models.llama.modeling_llama import eager_attention_forward as llama_eager
 
+from harness.adapters.hf_attention import PREFIX as ATTNLAB_WRAPPER
 from properties.kernels.capabilities import Capabilities
 
 EAGER_MASKS = ("additive",)  # masking_utils hands eager kernels float masks (0 / finfo.min), never booleans
@@ -164,7 +165,8 @@ def builtins() -> dict[str, Callable[..., Any]]:
         kernels[name] = _declare(sdpa_backend(backend), name, Capabilities(
             softcap=NO_SOFTCAP, sinks=NO_SINKS, causal_flag=True))
     for name in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        if name != "sdpa":
+        # attnlab's own wrappers (registered once an HF model is adapted) observe a kernel; they are none
+        if name != "sdpa" and not name.startswith(ATTNLAB_WRAPPER):
             kernels[name] = _declare(_wrap(ALL_ATTENTION_FUNCTIONS[name]), name,
                                      Capabilities(unavailable=_unavailable(name)))
     return kernels
