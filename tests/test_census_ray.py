@@ -27,7 +27,7 @@ SEED = 0
 
 @pytest.fixture
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     yield
     ray.shutdown()
 
@@ -49,7 +49,7 @@ def test_ray_gives_the_local_pools_results(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     local = LocalPool(2)
     census_local, variants_local = _census(local), _variants(local)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
         with RayCluster(fingerprint=run.cache_key) as pool:  # the connection made here: used, not stopped
             assert pool.describe() == "Ray (2 CPUs, local)"
