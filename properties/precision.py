@@ -376,28 +376,49 @@ def forward_capture(model: Any, tokens: Tensor, **kw: Any) -> tuple[Tensor, dict
     round worse than a real token's (SmolLM2 in bfloat16: 0.12 of the logits' scale against 0.02), and
     the triangle bound of the module doc needs the floor only at the entries the check compares.
     """
+    logits, acts = _calibrated(model, tokens, kw, stop=False)
+    assert logits is not None  # a pass that is not stopped returns its logits
+    return logits, acts
+
+
+def capture_activations(model: Any, tokens: Tensor, **kw: Any) -> dict[str, Tensor]:
+    """:func:`harness.adapters.protocol.capture_activations` (no logits, the pass ends at the last captured hook),
+    twinned as :func:`forward_capture` is: the floor is that of the activations the check reads."""
+    return _calibrated(model, tokens, kw, stop=True)[1]
+
+
+def _run(model: Any, tokens: Tensor, kw: dict[str, Any], stop: bool) -> tuple[Optional[Tensor], dict[str, Tensor]]:
+    if stop:
+        return None, protocol.capture_activations(model, tokens, **kw)
+    return protocol.forward_capture(model, tokens, **kw)
+
+
+def _calibrated(model: Any, tokens: Tensor, kw: dict[str, Any],
+                stop: bool) -> tuple[Optional[Tensor], dict[str, Tensor]]:
     compared: Optional[Tensor] = kw.pop("compared", None)
     noise = _ACTIVE.get()
     if noise is None or model is not noise.model:
-        return protocol.forward_capture(model, tokens, **kw)
+        return _run(model, tokens, kw, stop)
     twin = noise.golden if not kw.get("patch") else None
     inputs = layer_inputs(model) if twin is not None and noise.local else []
     wanted = list(kw.get("capture", ()))
     try:
-        logits, acts = protocol.forward_capture(model, tokens, **{**kw, "capture": [*wanted, *inputs]})
+        logits, acts = _run(model, tokens, {**kw, "capture": [*wanted, *inputs]}, stop)
     except protocol.HookNotObserved:
         if not inputs:
             raise
         noise.local, inputs = False, []  # no layer inputs to hand over: the whole-pass floor
-        logits, acts = protocol.forward_capture(model, tokens, **kw)
+        logits, acts = _run(model, tokens, kw, stop)
     given = {name: acts[name] for name in inputs}
     acts = {name: t for name, t in acts.items() if name in wanted}
     g_logits: Optional[Tensor] = None
     g_acts: dict[str, Tensor] = {}
     if twin is not None:
-        g_logits, g_acts = _twin_pass(noise, model, twin, tokens, kw, given)
+        g_logits, g_acts = _twin_pass(noise, model, twin, tokens, kw, given, stop)
     for name, own in acts.items():
         noise.record(name, own, g_acts.get(name))
+    if logits is None:
+        return logits, acts
     if compared is None or g_logits is None:
         noise.record("logits", logits, g_logits)
     else:
@@ -407,18 +428,19 @@ def forward_capture(model: Any, tokens: Tensor, **kw: Any) -> tuple[Tensor, dict
 
 
 def _twin_pass(noise: Noise, model: Any, twin: Any, tokens: Tensor, kw: dict[str, Any],
-               given: dict[str, Tensor]) -> tuple[Optional[Tensor], dict[str, Tensor]]:
-    """The twin's logits and activations for the same call, started from ``given`` layer inputs if any."""
+               given: dict[str, Tensor], stop: bool) -> tuple[Optional[Tensor], dict[str, Tensor]]:
+    """The twin's logits (None for a stopped pass) and activations for the same call, started from ``given``
+    layer inputs if any."""
     try:
         call: dict[str, Any] = dict(kw)
         if given:
             call["patch"] = {name: t.to(model_dtype(twin)) for name, t in given.items()}
-        return protocol.forward_capture(twin, tokens, **call)
+        return _run(twin, tokens, call, stop)
     except protocol.HookNotObserved:  # the twin's layer inputs cannot be replaced: the whole-pass floor
         noise.local = False
-        return protocol.forward_capture(twin, tokens, **kw)
+        return _run(twin, tokens, kw, stop)
     except protocol.ModelError:  # the model's own code cannot run at the twin's dtype
         noise.golden = twin = fallback_twin(model)
         if twin is None:
             return None, {}
-        return _twin_pass(noise, model, twin, tokens, kw, given)
+        return _twin_pass(noise, model, twin, tokens, kw, given, stop)

@@ -282,7 +282,7 @@ def call_model(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with any exception it raises wrapped in :class:`ModelError`."""
     try:
         return fn(*args, **kwargs)
-    except (HookNotObserved, ModelError):
+    except (HookNotObserved, ModelError, _Captured):
         raise
     except UnsupportedInput as exc:
         raise HookNotObserved(f"the adapter cannot run this input: {exc}") from exc
@@ -291,8 +291,11 @@ def call_model(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class _Saver:
-    def __init__(self, store: dict, errors: dict, name: str):
-        self.store, self.errors, self.name = store, errors, name
+    """Stores its hook point's activation; with ``wanted`` (the names of a stopping capture), ends the pass
+    (:class:`_Captured`) once every wanted name is stored."""
+
+    def __init__(self, store: dict, errors: dict, name: str, wanted: Optional[set[str]] = None):
+        self.store, self.errors, self.name, self.wanted = store, errors, name, wanted
 
     def __call__(self, tensor: Tensor, hook: Any) -> None:
         try:  # the harness's own hook must never break (or fail) the model's forward pass
@@ -300,6 +303,9 @@ class _Saver:
             self.store[self.name] = tensor.detach().clone()
         except Exception as exc:
             self.errors[self.name] = f"{type(exc).__name__}: {exc}"
+            return
+        if self.wanted is not None and self.wanted <= self.store.keys():
+            raise _Captured
 
 
 class _Patcher:
@@ -317,6 +323,13 @@ class _Patcher:
         return self.value.to(tensor.device, tensor.dtype)
 
 
+class _Captured(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by the last capture hook of :func:`capture_activations` once every captured activation is stored.
+
+    An Exception, not a BaseException: torch runs a module's ``always_call`` forward hooks (the pass counting of
+    properties/cost.py) only for an Exception leaving the forward."""
+
+
 @torch.no_grad()
 def forward_capture(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
         attention_mask: Optional[Shaped[Tensor, "batch pos"]] = None, position_offset: int = 0,
@@ -330,10 +343,35 @@ def forward_capture(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
     point, does not fire, or that the harness's hook code fails on raises :class:`HookNotObserved`.
     ``inputs``: further keyword inputs of the forward (an encoder-decoder's ``source_tokens``, ``source_mask``).
     """
+    logits, store = _hooked_forward(model, tokens, attention_mask, position_offset, list(capture), dict(patch or {}),
+                                    inputs, stop=False)
+    assert logits is not None  # a pass that is not stopped returns its logits
+    return logits.detach().to("cpu", torch.float64), store
+
+
+@torch.no_grad()
+def capture_activations(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *, capture: Iterable[str],
+        attention_mask: Optional[Shaped[Tensor, "batch pos"]] = None, position_offset: int = 0,
+        patch: Optional[dict[str, Tensor]] = None, inputs: Optional[dict[str, Tensor]] = None) -> dict[str, Tensor]:
+    """The activations :func:`forward_capture` captures, from a pass that ends once the last of them is stored.
+
+    The layers after the last captured hook point and the unembedding do not run, and no logits are made: for a
+    check that reads only activations, the unembedding is most of a pass's time and memory on a large vocabulary
+    (Gemma-3's 262k: a 515-token pass makes 135M logits, 1.1 GB in float64). A patch whose hook point comes after
+    the stop never fires and is not reported; it could not have changed what was captured.
+    """
+    capture = list(capture)
+    if not capture:
+        raise AttnlabError("capture_activations needs at least one hook point to capture: expected capture=[names]")
+    return _hooked_forward(model, tokens, attention_mask, position_offset, capture, dict(patch or {}), inputs,
+                           stop=True)[1]
+
+
+def _hooked_forward(model: ProtocolModel, tokens: Tensor, attention_mask: Optional[Tensor], position_offset: int,
+                    capture: list[str], patch: dict[str, Tensor], inputs: Optional[dict[str, Tensor]],
+                    stop: bool) -> tuple[Optional[Tensor], dict[str, Tensor]]:
     store: dict[str, Tensor] = {}
     errors: dict[str, str] = {}
-    capture = list(capture)
-    patch = dict(patch or {})
     absent = [name for name in [*capture, *patch] if name not in model.hook_dict]
     if absent:
         raise HookNotObserved(f"no hook point {absent[0]}")
@@ -343,16 +381,23 @@ def forward_capture(model: ProtocolModel, tokens: Int[Tensor, "batch pos"], *,
     extra = {name: value.to(device) for name, value in (inputs or {}).items()}
     applied: set[str] = set()
     hooks: FwdHooks = [(name, _Patcher(value, errors, applied, name)) for name, value in patch.items()]
-    hooks += [(name, _Saver(store, errors, name)) for name in capture]
-    with model.hooks(fwd_hooks=hooks):
-        logits = call_model(model, tokens, attention_mask=mask, position_offset=position_offset, **extra)
+    wanted = set(capture) if stop else None
+    hooks += [(name, _Saver(store, errors, name, wanted)) for name in capture]
+    logits: Optional[Tensor] = None
+    stopped = False
+    try:
+        with model.hooks(fwd_hooks=hooks):
+            logits = call_model(model, tokens, attention_mask=mask, position_offset=position_offset, **extra)
+    except _Captured:
+        stopped = True
     if errors:
         name, msg = next(iter(errors.items()))
         raise HookNotObserved(f"the harness's hook on {name} failed: {msg}")
-    silent = [name for name in capture if name not in store] + [name for name in patch if name not in applied]
+    silent = [name for name in capture if name not in store]
+    silent += [] if stopped else [name for name in patch if name not in applied]
     if silent:
         raise HookNotObserved(f"hook {silent[0]} did not fire")
-    return logits.detach().to("cpu", torch.float64), {k: v.to("cpu") for k, v in store.items()}
+    return logits, {k: v.to("cpu") for k, v in store.items()}
 
 
 def all_heads(x: Float[Tensor, "batch pos h d_head"], n_heads: int) -> Float[Tensor, "batch pos n_heads d_head"]:

@@ -37,7 +37,7 @@ from harness._checks import check_positive_int
 from properties import design
 from properties.checks._common import fmt, max_len
 from properties.design import unit_roundoff
-from properties.precision import forward_capture
+from properties.precision import capture_activations
 from properties.registry import Applies, Case, Plan, model_property
 
 TOLERANCE = 1.0
@@ -91,7 +91,7 @@ def alibi_slopes(case: Case) -> Plan:
     def measure(example):
         rows, n = example
         x = torch.tensor(rows, dtype=torch.long)[:, None].expand(-1, n).contiguous()
-        _, acts = forward_capture(model, x, capture=[name])
+        acts = capture_activations(model, x, capture=[name])
         u = unit_roundoff(acts[name].dtype)
         scores = acts[name].double()  # [batch, n_heads, q, k]
         i, j = torch.arange(n)[:, None].double(), torch.arange(n)[None, :].double()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from properties import design
 from properties.checks._common import fmt, max_len, where_max
-from properties.precision import forward_capture
+from properties.precision import capture_activations
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import token_batches
 
@@ -29,7 +29,7 @@ def causal_pattern(case: Case) -> Plan:
     windows = [design.window(cfg, layer) for layer in range(cfg.n_layers)]
 
     def measure(x):
-        _, acts = forward_capture(model, x, capture=names)
+        acts = capture_activations(model, x, capture=names)
         worst, where = 0.0, "no weight on a key outside the causal window"
         for layer, name in enumerate(names):
             p = acts[name].double()  # [batch, n_heads, q, k]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from properties.checks._seq2seq import WHEN_DOC, SourceExample, seq2seq_only, source_examples, worst_coverage
-from properties.precision import forward_capture
+from properties.precision import capture_activations
 from properties.registry import Applies, Case, Plan, model_property
 
 
@@ -24,7 +24,7 @@ def cross_attention_pattern(case: Case) -> Plan:
     model, names = case.model, list(case.hooks)
 
     def measure(ex: SourceExample):
-        _, acts = forward_capture(model, ex.tokens, inputs=ex.inputs(), capture=names)
+        acts = capture_activations(model, ex.tokens, inputs=ex.inputs(), capture=names)
         keys = ex.source.mask.bool()
         queries = torch.ones_like(ex.tokens, dtype=torch.bool)
         worst, where = worst_coverage(acts, names, queries, keys, "decoder layer {layer} cross-attention")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.model.protocol_facts import encoder_hook
 from properties.checks._seq2seq import WHEN_DOC, SourceExample, seq2seq_only, source_examples, worst_coverage
-from properties.precision import forward_capture
+from properties.precision import capture_activations
 from properties.registry import Applies, Case, Plan, model_property
 
 
@@ -28,7 +28,7 @@ def encoder_bidirectional(case: Case) -> Plan:
     model, names = case.model, list(case.hooks)
 
     def measure(ex: SourceExample):
-        _, acts = forward_capture(model, ex.tokens, inputs=ex.inputs(), capture=names)
+        acts = capture_activations(model, ex.tokens, inputs=ex.inputs(), capture=names)
         real = ex.source.mask.bool()
         worst, where = worst_coverage(acts, names, real, real, "encoder layer {layer}")
         return worst, where or "every real source token sees every real one and no pad"

@@ -21,7 +21,7 @@ from harness.adapters.protocol import all_heads
 from properties.checks._common import MAX_LEN, fmt, kept, masked_inputs, max_len, real_positions, worse
 from properties.checks.window import MAX_WINDOW_LEN
 from properties.design import model_dtype, windows
-from properties.precision import forward_capture
+from properties.precision import capture_activations
 from properties.registry import Case, Plan, model_property
 from properties.search import masked_text
 from properties.strategies import long_token_batches
@@ -52,7 +52,7 @@ def kernel_consistency(case: Case) -> Plan:
 
     def measure(example):
         x, mask = example
-        _, acts = forward_capture(model, x, attention_mask=mask, capture=[nm for v in names.values() for nm in v])
+        acts = capture_activations(model, x, attention_mask=mask, capture=[nm for v in names.values() for nm in v])
         real = real_positions(x, mask)
         worst, where = 0.0, "kernel output equals pattern . V"
         for layer, (pn, vn, zn) in names.items():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from properties.checks._common import fmt, where_max
 from properties.checks.padding_logits import padded_inputs
-from properties.precision import forward_capture
+from properties.precision import capture_activations
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import PaddedBatch
 
@@ -23,7 +23,7 @@ def padding_pattern(case: Case) -> Plan:
     def measure(batch):
         worst, where = 0.0, "no weight on padded keys"
         for drawn in (batch, batch.mirrored()):  # every row left- and right-padded (PaddedBatch.mirrored)
-            _, acts = forward_capture(model, drawn.tokens, attention_mask=drawn.mask, capture=names)
+            acts = capture_activations(model, drawn.tokens, attention_mask=drawn.mask, capture=names)
             real = drawn.mask.bool()
             for layer, name in enumerate(names):
                 p = acts[name].double().abs().nan_to_num(nan=float("inf"))  # [batch, n_heads, q, k]

@@ -30,7 +30,7 @@ import torch
 
 from properties.checks._common import MAX_LEN, fmt, worse
 from properties.design import windows
-from properties.precision import forward_capture
+from properties.precision import capture_activations
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import LONGEST_DRAWN, long_token_batches, token_batches
 
@@ -76,7 +76,7 @@ def sliding_window(case: Case) -> Plan:
     scores = {layer: name for layer, name in scores.items() if name in case.observed}
 
     def measure(x):
-        _, acts = forward_capture(model, x, capture=[*names.values(), *scores.values()])
+        acts = capture_activations(model, x, capture=[*names.values(), *scores.values()])
         n = x.shape[1]
         worst, where = 0.0, "every query sees exactly its window"
         for layer, w in layers:
