@@ -66,11 +66,14 @@ class Shape:
 
     def masked(self, k: float, depth: float = 1.0) -> float:
         """Passes for ``k`` masks over the data, each running ``depth`` of the stack on average (and the tail whole),
-        plus, with prefix reuse, the one pass through the stack that computes the prefix residuals."""
+        plus, with prefix reuse, the one pass through the stack that computes the prefix residuals. A pass is one
+        mask over the data (the first pass times one inside a call carrying ``masks_per_pass``); a last call with
+        fewer masks still costs a whole call."""
+        calls = math.ceil(k / self.masks_per_pass) * self.masks_per_pass
         if not self.prefix_reuse:
-            return float(math.ceil(k / self.masks_per_pass))
+            return float(calls)
         stack = 1.0 - self.tail
-        return math.ceil(k / self.masks_per_pass) * (self.tail + stack * depth) + stack
+        return calls * (self.tail + stack * depth) + stack
 
     def depth_of_top(self, method: str) -> float:
         """The mean share of the stack a top candidate's pass of ``method`` runs."""

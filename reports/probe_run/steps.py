@@ -105,18 +105,22 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
     source = source or {}
     info = model_info(model, all_heads=True)
     data = probe_data(info, tokens, loss_mask=loss_mask, **source)
-    ones = torch.ones(1, info.n_layers, info.n_heads)
+    rows = gates.rows_per_pass(None, data.pos, info.device, d_vocab=info.d_vocab)
+    # the unit of a plan is one mask over the data (what the progress line and the re-plan count: a call carrying
+    # k masks' rows is k of them), timed as the masked methods run it: as many masks as ride in one call, the
+    # time shared among them (on a small model a call of 4 masks' rows costs ~2 single ones, not 1 or 4)
+    per_call = max(1, rows // min(data.n, rows))
+    ones = torch.ones(per_call, info.n_layers, info.n_heads)
     seconds: list[float] = []
     tails: list[float] = []
     # a first pass pays one-off costs (allocator, kernels' first use); where a pass is cheap, time a second
-    while len(seconds) < 3 and (not seconds or sum(seconds) < WARM_S):
+    while len(seconds) < 3 and (not seconds or sum(seconds) * per_call < WARM_S):
         with _stack_time(model) as stack:
             start = time.perf_counter()
             gates.masked_stats(model, info, data, ones)
-            seconds.append(time.perf_counter() - start)
+            seconds.append((time.perf_counter() - start) / per_call)
         # with prefix reuse the pass runs the stack layer by layer (calls with a stop), then the tail alone
-        tails.append(max(0.0, 1.0 - stack[0] / seconds[-1]) if info.prefix_reuse else 0.0)
-    rows = gates.rows_per_pass(None, data.pos, info.device, d_vocab=info.d_vocab)
+        tails.append(max(0.0, 1.0 - stack[0] / per_call / seconds[-1]) if info.prefix_reuse else 0.0)
     # a backward pass runs in smaller chunks (gates.grad_rows bounds its saved activations), which costs
     # more per token than the forward's: time one chunk of it rather than assume 2 forwards' worth
     # (``backward=False``: a resumed run whose attribution pass is done; the plan then assumes 1 + BACKWARD)
@@ -131,9 +135,9 @@ def first_pass(model: Any, tokens: Tensor, loss_mask: Optional[Tensor], exact_to
             _head_stats.gate_gradients(model, info, chunk)
             timed.append(time.perf_counter() - start)
         grad_passes = (timed[0] + min(timed) * (math.ceil(data.n / grad_rows) - 1)) / min(seconds)
-    shape = Shape(info.n_layers, info.n_heads, data.n, seeds, info.prefix_reuse,
-                  max(1, rows // min(data.n, rows)), exact_top, grad_passes=grad_passes, pos=data.pos,
-                  tail=tails[seconds.index(min(seconds))], jsd_per_s=jsd_rate(info.n_layers * info.n_heads, data.pos))
+    shape = Shape(info.n_layers, info.n_heads, data.n, seeds, info.prefix_reuse, per_call, exact_top,
+                  grad_passes=grad_passes, pos=data.pos, tail=tails[seconds.index(min(seconds))],
+                  jsd_per_s=jsd_rate(info.n_layers * info.n_heads, data.pos))
     return min(seconds), shape
 
 
