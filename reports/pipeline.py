@@ -51,7 +51,7 @@ from reports.defaults import (
 )
 from reports.export import export_hf
 from reports.probe_run import manifest, plan, replanning, steps
-from reports.probe_run.progress import Progress, release_memory
+from reports.probe_run.progress import BudgetSpent, Progress, release_memory
 from reports.render import ReportPaths, render
 
 PROBE_DATA_SEED = 1234  # the probes' validation batch: fixed, so re-running a probe gives the same numbers
@@ -196,6 +196,8 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         partial.unlink(missing_ok=True)
     say = Progress(model.cfg.n_layers, int(tokens.shape[0]), enabled=progress is not False)
     began = time.perf_counter()  # the budget holds the timed first pass and every method
+    if budget is not None:  # no pass of a method starts after the budget's end (Progress's clock)
+        say.deadline = say.clock() + budget * 60
 
     def left() -> Optional[float]:
         return None if budget is None else budget * 60 - (time.perf_counter() - began)
@@ -245,8 +247,14 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
                 continue
             step = revised
         start = time.perf_counter()
-        with say.step(i, len(the_plan.steps), step, model):
-            ctx.results[step.method] = steps.RUNNERS[step.method](ctx, step.variant)
+        try:
+            with say.step(i, len(the_plan.steps), step, model):
+                ctx.results[step.method] = steps.RUNNERS[step.method](ctx, step.variant)
+        except BudgetSpent as spent_out:
+            _out_of_budget(spent_out, the_plan, i, record, say)
+            record["elapsed_s"] = round(time.perf_counter() - began, 3)
+            atomic_write_json(manifest_path, record, indent=1)
+            break
         spent = time.perf_counter() - start
         ctx.costs[step.method] = (spent, say.forward, 1.0 if "bwd" in step.variant.name else 0.0)
         steps.write(layout, step.method, ctx.results[step.method])
@@ -254,10 +262,25 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         rate, shape = replanning.measured(rate, shape, step, spent, say.done, ctx)
         the_plan, i = replanning.rest(the_plan, chosen, step, shape, rate, left(), record, say)
         # one manifest write a method (its plan and notes updated above): a stop can fall only between whole files
+        record["elapsed_s"] = round(time.perf_counter() - began, 3)
         manifest.finish(manifest_path, record, step.method, step.variant.name, spent, baseline_loss=baseline,
                         forward=ctx.costs[step.method][1], backward=ctx.costs[step.method][2],
                         peak_rss_gb=say.peak_gb)
     return ctx.results
+
+
+def _out_of_budget(stop: BudgetSpent, the_plan: Any, i: int, record: dict[str, Any], say: Progress) -> None:
+    """The run's end when the budget ran out inside a method: that method is not saved (it stays in the plan, so
+    the report marks the run partial and ``--resume`` runs it), and the methods after it are dropped; each is
+    said and noted."""
+    notes = [f"{stop.method}: stopped when the budget ran out, after {stop.done:.1f} of {stop.planned:.1f} "
+             "passes; not saved (--resume runs it)"]
+    later = [s.method for s in the_plan.steps[i:] if s.method not in record["finished"]]
+    notes += [f"{m}: dropped, the budget ran out before it started" for m in later]
+    for note in notes:
+        say.say(note)
+    record["notes"].extend(notes)
+    record["plan"] = [s for s in record["plan"] if s["method"] not in later]
 
 
 # --- saturation ----------------------------------------------------------------------------------

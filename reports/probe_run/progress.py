@@ -5,6 +5,11 @@ layers run, in units of the whole data through the whole model, as probes.compar
 counts them) against the method's planned passes; the time left is the plan's rate measured on
 the passes done so far. At most one percentage line per ``every`` seconds, so a log stays short.
 
+With a ``deadline`` (the budget's end, on the same clock) the first pass that starts after it raises
+:class:`BudgetSpent` out of the running method: the re-plan between methods works from rates measured after
+the fact, so a machine that slows down in the middle of a long method would otherwise carry the run past its
+budget by the rest of that method.
+
 Each method's finish line gives the process's peak RSS so far where Linux can measure it (``VmHWM``, the
 loaded model included); the memory a method freed goes back to the system before the next one starts.
 """
@@ -51,6 +56,15 @@ def release_memory() -> None:
         pass
 
 
+class BudgetSpent(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by the pass counter when a pass would start after the budget's end; ``done`` of ``planned`` passes
+    (the plan's units) had run."""
+
+    def __init__(self, method: str, done: float, planned: float):
+        super().__init__(f"{method}: the budget ran out after {done:.1f} of {planned:.1f} passes")
+        self.method, self.done, self.planned = method, done, planned
+
+
 class Progress:
     """Prints a probe run's stages and percentages; ``enabled=False`` prints nothing."""
 
@@ -62,6 +76,7 @@ class Progress:
         self.forward = 0.0  # the same, as layers x rows only (a count that does not depend on a timing)
         self.peak_gb: Optional[float] = None  # the process's peak RSS when the last method finished
         self.tail = 0.0  # the share of a pass after the last layer (plan.Shape.tail): a call that runs it counts it
+        self.deadline: Optional[float] = None  # on ``clock``: no pass starts after it (BudgetSpent)
         self._planned, self._name, self._start, self._last = 1.0, "", 0.0, 0.0
 
     def say(self, line: str) -> None:
@@ -90,6 +105,8 @@ class Progress:
                  f"(planned ~{fmt_seconds(step.seconds)}){peak}")
 
     def _count(self, module: Any, args: tuple, kwargs: dict) -> None:
+        if self.deadline is not None and self.clock() >= self.deadline:
+            raise BudgetSpent(self._name, self.done, self._planned)
         x = args[0] if args else kwargs.get("tokens", kwargs.get("input", None))
         rows = int(x.shape[0]) if x is not None and hasattr(x, "shape") else 0
         layers = pass_share(rows, kwargs, self.n_layers, self.sequences)
