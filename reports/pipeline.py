@@ -242,9 +242,13 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
                                        len(seeds), None if room is None else room - later)
             say.say(f"  {note}")
             record["notes"].append(note)
-            atomic_write_json(manifest_path, record, indent=1)
-            if revised is None:
+            if revised is None:  # out of the plan, so the steps' numbering and the manifest's plan stay true
+                i -= 1
+                the_plan.steps = [s for s in the_plan.steps if s is not step]
+                record["plan"] = [s for s in record["plan"] if s["method"] != step.method]
+                atomic_write_json(manifest_path, record, indent=1)
                 continue
+            atomic_write_json(manifest_path, record, indent=1)
             step = revised
         start = time.perf_counter()
         try:

@@ -300,6 +300,40 @@ def test_a_run_that_slows_down_is_replanned_within_its_budget(tiny_run, tmp_path
     assert all(f["peak_rss_gb"] > 0 for f in record["finished"].values()) or not Path("/proc/self/status").exists()
 
 
+def test_the_budget_running_out_inside_a_method_stops_it_at_its_next_pass(tiny_run, tmp_path, monkeypatch, capsys):
+    """The re-plan between methods cannot help a method that is running when the budget ends: its next pass
+    stops it. The method is not saved but stays in the manifest's plan (the run is partial, --resume runs it);
+    the methods after it are dropped; each is said and noted; the elapsed time is recorded."""
+    import time as clock
+
+    from reports.probe_run import steps
+
+    run = copy_run(tiny_run, tmp_path / "run")
+    ablation = steps.RUNNERS["importance_ablation"]
+    budget = 0.05  # minutes
+
+    def late(ctx, variant):  # the budget ends before this method's first pass
+        clock.sleep(budget * 60 + 0.5)
+        return ablation(ctx, variant)
+
+    monkeypatch.setitem(steps.RUNNERS, "importance_ablation", late)
+    chosen = ["importance_gradient", "importance_ablation", "prune_curve"]
+    pipeline.probe(run, seeds=(0, 1), sequences=8, budget=budget, methods=chosen)
+    err = capsys.readouterr().err
+    record = json.loads((run / "probes" / "manifest.json").read_text())
+    assert set(record["finished"]) == {"importance_gradient"}, record
+    assert [s["method"] for s in record["plan"]] == ["importance_gradient", "importance_ablation"]
+    stopped = [n for n in record["notes"] if n.startswith("importance_ablation: stopped when the budget ran out")]
+    assert stopped and stopped[0] in err, (record["notes"], err)
+    assert "prune_curve: dropped, the budget ran out before it started" in record["notes"]
+    assert not (run / "probes" / "importance_ablation.csv").exists()
+    assert budget * 60 < record["elapsed_s"] < budget * 60 + 5
+    monkeypatch.setitem(steps.RUNNERS, "importance_ablation", ablation)
+    pipeline.probe(run, seeds=(0, 1), sequences=8, budget=None, methods=chosen[:2], resume=True)
+    record = json.loads((run / "probes" / "manifest.json").read_text())
+    assert set(record["finished"]) == set(chosen[:2]) and (run / "probes" / "importance_ablation.csv").exists()
+
+
 def test_a_method_that_ran_no_pass_measures_no_rate():
     """importance_attribution reads the gradient method's attribution pass: its 0 s must not make the next re-plan
     think passes are free (a SmolLM2 run re-planned at 0.0003 s per pass and put back 13 min of estimators)."""
