@@ -17,6 +17,9 @@ its library's documentation shows, all giving the same numbers (checked to 1e-4 
   specialises, with its setter, over an ``index_df`` of (layer, pos) cells); nnsight one trace per
   (layer, position) patching the block's input.
 
+Beside the peers, each task's floor (reports/bench/floors.py: the same numbers from plain calls of the
+converted model) is timed in the same rounds: attnlab's time over the floor's is the price of its machinery.
+
 attnlab runs GPT-2 as :func:`harness.model.convert.from_hf` converts it (the same weights in
 attnlab's ``Transformer``, logits equal to Hugging Face's to ~1e-5).
 """
@@ -39,8 +42,10 @@ import probes.patching
 from harness.adapters import HFAdapter
 from harness.model.convert import from_hf
 from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
+from reports.bench.floors import Floor
 
 TASKS = ("patterns", "loo_ablation", "resid_patching")
+FLOOR_GOALS = {"patterns": 1.15, "loo_ablation": 1.3, "resid_patching": 1.3}  # attnlab's time / the floor's, at most
 ANSWER = 7  # the token whose last-position log-probability the patching metric reads
 
 
@@ -199,11 +204,13 @@ def corrupt(tokens: Tensor, d_vocab: int) -> Tensor:
 
 def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = TASKS,
               positions: Optional[Sequence[int]] = None) -> list[Row]:
-    """One row per (task, peer): the peer's time / attnlab's time, goal >= 1.5. ``positions``: the positions
-    residual patching patches at every layer (default all)."""
+    """One row per (task, peer): the peer's time / attnlab's time, goal >= 1.5; then one per task: attnlab's time /
+    its floor's (:data:`FLOOR_GOALS`). ``positions``: the positions residual patching patches at every layer
+    (default all)."""
     where = list(range(shape.n_ctx)) if positions is None else list(positions)
     hf_nn, hf_bridge, hf_ours = gpt2_models(shape)
-    contenders: list[Any] = [Attnlab(hf_ours), Bridge(hf_bridge), Nnsight(hf_nn)]
+    ours = Attnlab(hf_ours)
+    contenders: list[Any] = [ours, Bridge(hf_bridge), Nnsight(hf_nn), Floor(ours.model, ANSWER)]
     tokens = shape.tokens(torch.device("cpu"))
     corrupted = corrupt(tokens, shape.d_vocab)
     calls: dict[str, Callable[[Any], Callable[[], Tensor]]] = {
@@ -215,7 +222,7 @@ def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = 
     for task in tasks:
         fns = {c.name: calls[task](c) for c in contenders}
         results = {name: fn() for name, fn in fns.items()}  # also the warm-up
-        for name in ("bridge", "nnsight"):
+        for name in ("bridge", "nnsight", "floor"):
             err = float((results[name].double().cpu() - results["attnlab"].double().cpu()).abs().max())
             checks[f"{task}_{name}_max_abs"] = err
             if not err <= 1e-4:
@@ -223,11 +230,13 @@ def peer_rows(shape: Shape, rounds: int, checks: dict, tasks: tuple[str, ...] = 
                                      "the timing would compare different computations")
         times = interleaved_times(fns, rounds=rounds, warmup=0)
         med = medians(times)
+        label = shape.label + (f", {len(where)} of {shape.n_ctx} positions"
+                               if task == "resid_patching" and len(where) < shape.n_ctx else "")
         for name in ("bridge", "nnsight"):
-            label = shape.label + (f", {len(where)} of {shape.n_ctx} positions"
-                                   if task == "resid_patching" and len(where) < shape.n_ctx else "")
             rows.append(Row(f"{task} vs {name}, GPT-2 {label}", med["attnlab"], med[name], "s",
                             paired_ratio(times, name, "attnlab"), ">=", 1.5))
+        rows.append(Row(f"{task} vs floor, GPT-2 {label} (attnlab / floor)", med["attnlab"], med["floor"], "s",
+                        paired_ratio(times, "attnlab", "floor"), "<=", FLOOR_GOALS[task]))
     return rows
 
 
