@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -385,6 +385,26 @@ def capture_activations(model: Any, tokens: Tensor, **kw: Any) -> dict[str, Tens
     """:func:`harness.adapters.protocol.capture_activations` (no logits, the pass ends at the last captured hook),
     twinned as :func:`forward_capture` is: the floor is that of the activations the check reads."""
     return _calibrated(model, tokens, kw, stop=True)[1]
+
+
+def twinned(model: Any, run: Callable[[Any], Tensor], name: str = "logits") -> Tensor:
+    """``run(model)``, also run on the golden twin when a check is calibrating on ``model``: the deviation of what
+    it returns from the twin's goes into the example's floor, as :func:`forward_capture`'s does.
+
+    For a pass the adapters' forward does not make, such as cached decoding: a check comparing it with a full
+    forward needs the rounding of both sides (the triangle bound of the module doc); measured on the full forward
+    alone, a floor drawn from two tokens can be small by chance while the cached path rounds otherwise (a small
+    Gemma in float32: cached 1.8e-7 from the full forward, a full-forward floor of 4.3e-8)."""
+    own = run(model)
+    noise = _ACTIVE.get()
+    if noise is None or model is not noise.model or noise.golden is None:
+        return own
+    try:
+        golden = run(noise.golden)
+    except protocol.ModelError:  # the twin cannot run this call: the floor stays what the other passes measured
+        return own
+    noise.record(name, own, golden)
+    return own
 
 
 def _run(model: Any, tokens: Tensor, kw: dict[str, Any], stop: bool) -> tuple[Optional[Tensor], dict[str, Tensor]]:

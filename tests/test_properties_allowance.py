@@ -80,6 +80,38 @@ def test_a_glm_with_special_ids_in_the_vocabulary_is_clean(dtype):
     assert (numeric.allowance > 0).all() and numeric.allowance.map(math.isfinite).all()
 
 
+def _shipped(name: str) -> torch.nn.Module:
+    """Small random models configured as the edges people ship: a short window, a hybrid stack with attention on one
+    layer, and the config classes' own defaults at a small size."""
+    torch.manual_seed(0)
+    configs = {
+        "cohere2_window_8": lambda: transformers.Cohere2Config(**SMALL, sliding_window=8,
+                                                                layer_types=["sliding_attention", "full_attention"]),
+        "jamba_attention_on_layer_1": lambda: transformers.JambaConfig(
+            **SMALL, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+            num_experts=2, num_key_value_heads=2, mamba_d_state=4, use_mamba_kernels=False),
+        "gemma": lambda: transformers.GemmaConfig(**SMALL, head_dim=16, num_key_value_heads=1),
+        "phi3": lambda: transformers.Phi3Config(**SMALL, pad_token_id=0),
+    }
+    config = configs[name]()
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+# a documented finding each, with a witness that does not import attnlab (docs/findings/)
+FINDINGS = {"jamba_attention_on_layer_1": {"kv_cache"}}  # docs/findings/jamba__cached_chunk_differs.py
+
+
+# Gemma2 at its config's defaults (a 4096-key window) is in the zoo's fast tier (tests/helpers/zoo.py FAST)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["cohere2_window_8", "jamba_attention_on_layer_1", "gemma", "phi3"])
+def test_models_configured_at_the_edges_are_clean_in_the_plain_call(name):
+    frame = check_model(adapt(_shipped(name)), seed=0)
+    failed = frame[frame.status == "fail"]
+    assert set(failed.property) == FINDINGS.get(name, set()), \
+        failed[["property", "worst", "allowance", "counterexample"]].to_string()
+    assert frame.status.eq("pass").sum() >= 8, frame[["property", "status", "reason"]].to_string()
+
+
 class _HeavyRowsAttention(RefAttention):
     def normalize(self, scores, allowed):
         return super().normalize(scores, allowed) * (1 + 1e-4)  # rows sum to 1 + 1e-4

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from harness.adapters.protocol import CACHED_DECODING, call_model, has_cached_decoding, model_device
 from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
 from properties.cost import one_pass
-from properties.precision import forward_capture
+from properties.precision import forward_capture, twinned
 from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import padded_batches, token_batches
 
@@ -119,20 +119,25 @@ def _through_cache(model, cfg, n: int, new_max: int) -> Plan:
             left -= size
         return x, mask, chunks
 
-    def measure(example):
-        x, mask, chunks = example
-        device = model_device(model)
+    def decode(m: Any, x: torch.Tensor, mask: Optional[torch.Tensor], chunks: list) -> torch.Tensor:
+        """The logits of ``m``'s cached decoding: the prompt's last token, then every chunk's."""
+        device = model_device(m)
         with torch.no_grad():
             with one_pass():  # a decoding step runs the network, maybe not through forward: counted (cost.py)
-                logits, past = call_model(getattr(model, CACHED_DECODING), x.to(device),
+                logits, past = call_model(getattr(m, CACHED_DECODING), x.to(device),
                                           attention_mask=None if mask is None else mask.to(device), past=None)
             outs = [logits[:, -1:]]
             for chunk in chunks:
                 with one_pass():
-                    step, past = call_model(getattr(model, CACHED_DECODING), x.new_tensor(chunk).to(device),
+                    step, past = call_model(getattr(m, CACHED_DECODING), x.new_tensor(chunk).to(device),
                                             attention_mask=None, past=past)
                 outs.append(step)
-        cached = torch.cat([o.detach().to("cpu", torch.float64) for o in outs], 1)
+        return torch.cat([o.detach().to("cpu", torch.float64) for o in outs], 1)
+
+    def measure(example):
+        x, mask, chunks = example
+        # the cached path's rounding is in the floor too (twinned): the comparison has two sides
+        cached = twinned(model, lambda m: decode(m, x, mask, chunks))
         tokens = torch.cat([x] + [x.new_tensor(c) for c in chunks], 1)
         dev, idx = scaled_deviation(cached, _recomputed(model, tokens, mask, cached))
         return dev, (f"cached logits differ from a full recompute by {fmt(dev)} at (row, step, vocab)={idx} "
