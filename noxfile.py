@@ -40,9 +40,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    # loadgroup: a module marked xdist_group runs on one worker, so an expensive module-scoped fixture runs once
     session.run(PY, "-m", "pytest", "tests", "-m", "slow and not bench and not properties", "-q", "-n", "2",
-                "--dist", "loadgroup", "--ignore=tests/test_browser.py", "--durations=25", *session.posargs,
+                "--ignore=tests/test_browser.py", "--durations=25", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
     # the full fuzz: 500 examples per search where the fast tier's ci profile runs 25
     session.run(PY, "-m", "pytest", *FUZZ, "-m", "not slow", "-q", "-n", "2", *session.posargs,

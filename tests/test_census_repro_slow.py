@@ -14,8 +14,7 @@ from reports.census.repro_run import run_all
 from reports.census.repro_select import live
 from reports.census.repro_sites import SITES
 
-# one worker runs the module, so its module-scoped fixture (every script run) runs once (--dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("findings_scripts")]
+pytestmark = pytest.mark.slow
 # a number at rounding level (a control's 1e-17) may differ in its digits from run to run with the threads' reduction
 # order; anything 1e-6 and larger is evidence and must match
 _ROUNDING = re.compile(r"\d(\.\d+)?e-(0[7-9]|[1-9]\d)")

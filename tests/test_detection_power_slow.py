@@ -19,8 +19,7 @@ from reports.power.subjects import subjects
 from reports.power.write import DOCS, summary
 from tests.helpers.checkpoints import converted
 
-# one worker runs the module, so its module-scoped fixture (the whole measurement) runs once (--dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"), pytest.mark.xdist_group("detection_power")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_FAMILIES = ("decode_offset", "window_wider", "scale_error")
 # A verdict is the side of 1 its ratio (worst / allowance) falls on, and at bfloat16/float16 both carry the
