@@ -10,9 +10,10 @@ import pytest
 
 from reports.census import repro, repro_readme
 from reports.census.enumerate import by_name
-from reports.census.repro_run import run_all
+from reports.census.repro_run import Outcome, run_all
 from reports.census.repro_select import live
 from reports.census.repro_sites import SITES
+from tests.helpers.shared_result import shared
 
 pytestmark = pytest.mark.slow
 # a number at rounding level (a control's 1e-17) may differ in its digits from run to run with the threads' reduction
@@ -25,9 +26,13 @@ def _evidence(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def outcomes():
-    """Each docs/findings script's outcome, two at a time (the tiny models take seconds; imports dominate)."""
-    return run_all(sorted(repro.FINDINGS_DIR.glob("*__*.py")), workers=2)
+def outcomes(tmp_path_factory, worker_id):
+    """Each docs/findings script's outcome, two at a time (the tiny models take seconds; imports dominate); run once
+    per test run, whichever workers the two tests land on (tests/helpers/shared_result.py)."""
+    return shared(tmp_path_factory, worker_id, "findings_outcomes",
+                  lambda: run_all(sorted(repro.FINDINGS_DIR.glob("*__*.py")), workers=2),
+                  lambda d: {k: [o.returncode, o.stdout, o.stderr] for k, o in d.items()},
+                  lambda d: {k: Outcome(*o) for k, o in d.items()})
 
 
 def test_every_script_still_reproduces(outcomes) -> None:

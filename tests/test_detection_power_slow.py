@@ -18,6 +18,7 @@ from reports.power.measure import measure
 from reports.power.subjects import subjects
 from reports.power.write import DOCS, summary
 from tests.helpers.checkpoints import converted
+from tests.helpers.shared_result import shared
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 SMOLLM2 = "smollm2-135m-instruct"
@@ -40,10 +41,14 @@ def stored():
 
 
 @pytest.fixture(scope="module")
-def remeasured():
-    tiny, smollm2 = subjects()[:2], subjects(converted(SMOLLM2))[2]
-    cells = measure(tiny) + measure([smollm2], families=SMOLLM2_FAMILIES)
-    return {_key(r): r for r in summary(cells)}
+def remeasured(tmp_path_factory, worker_id):
+    """The measurement, once per test run whichever workers its tests land on (tests/helpers/shared_result.py)."""
+    def produce():
+        tiny, smollm2 = subjects()[:2], subjects(converted(SMOLLM2))[2]
+        return summary(measure(tiny) + measure([smollm2], families=SMOLLM2_FAMILIES))
+
+    records = shared(tmp_path_factory, worker_id, "detection_power", produce, list, list)
+    return {_key(r): r for r in records}
 
 
 def borderline(record, size: str) -> bool:
