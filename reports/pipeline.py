@@ -204,8 +204,8 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
     if budget is not None:  # no pass of a method starts after the budget's end (Progress's clock)
         say.deadline = say.clock() + budget * 60
 
-    def left() -> Optional[float]:
-        return None if budget is None else budget * 60 - (time.perf_counter() - began)
+    def left() -> Optional[float]:  # the budget left, on the clock of the deadline the pass counter keeps
+        return None if say.deadline is None else say.deadline - say.clock()
 
     seconds, shape = steps.first_pass(model, tokens, loss_mask, exact_top, len(seeds),
                                       backward="importance_gradient" not in record["finished"], source=src)
