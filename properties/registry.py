@@ -56,7 +56,8 @@ class Plan:
     measure: Measure
     describe: Callable[[Any], str] = tokens_text
     info: Callable[[], str] = lambda: ""
-    tokens: int = 0  # the longest input it draws, where that is long enough to price (properties/budget.py)
+    tokens: int = 0  # the longest input it measures, where that is long enough to price (properties/budget.py)
+    first: tuple[Any, ...] = ()  # inputs measured before any drawn one, once a search (properties/search.py)
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,8 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
                                                              local=local_floor)
             drawn: list[tuple[float, Any]] = []
             searching = functools.partial(search, name, tol, plan.strategy, plan.measure, plan.describe, seed=seed,
-                                          info=plan.info, noise=watch, drawn=drawn, replay=replay)
+                                          info=plan.info, noise=watch, drawn=drawn, replay=replay,
+                                          first=plan.first)
             # max_examples left to the suite: a big model's passes are budgeted by its size (properties/budget.py)
             planned = max_examples or cast(settings, settings.default).max_examples
             budget = Budget.of(model, planned, plan.tokens) if budgeted(max_examples) and not shadow else None

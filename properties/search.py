@@ -119,7 +119,8 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
            describe: Callable[[Any], str], *, seed: int, max_examples: Optional[int],
            info: Callable[[], str] = lambda: "", noise: Optional[Noise] = None,
            drawn: Optional[list[tuple[float, Any]]] = None, replay: Optional[Sequence[Any]] = None,
-           budget: Optional[Budget] = None, memo: Optional[dict[str, tuple[float, float, float]]] = None
+           first: Sequence[Any] = (), budget: Optional[Budget] = None,
+           memo: Optional[dict[str, tuple[float, float, float]]] = None
            ) -> PropertyResult:
     """Search ``strategy`` for an input whose ``measure(x)[0]`` exceeds its allowance.
 
@@ -135,7 +136,9 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
     ``drawn``, when given, receives ``(ratio, example)`` for every input measured. ``replay`` runs
     exactly those inputs, in order, and draws none (a failure is reported as drawn, not shrunk): the
     shadow run of a hidden-bug check replays on the golden twin what the model's own search drew,
-    worst first, instead of searching anew (properties/registry.py).
+    worst first, instead of searching anew (properties/registry.py). ``first`` are inputs measured before
+    any drawn one, in every search but a replay (hypothesis's explicit examples): an input too costly to
+    draw again and again, such as one row past a long window's edge.
 
     ``budget`` (properties/budget.py): once it is exhausted, the examples drawn after are not
     measured, until an input breaks the tolerance (its shrinking is never cut); the row's reason
@@ -216,7 +219,8 @@ def search(name: str, tolerance: float, strategy: SearchStrategy, measure: Measu
         print_blob=False,
     )
     test = given(strategy)(prop)
-    for example in reversed(list(replay or ())):  # @example stacks: the last applied runs first
+    explicit = list(replay if replay is not None else first)
+    for example in reversed(explicit):  # @example stacks: the last applied runs first
         test = hypothesis_example(example)(test)
     test = configured(hypothesis_seed(seed)(test))
     try:

@@ -129,17 +129,32 @@ def _hf_inside(model: Any) -> Any:
     return None
 
 
-def _deepcopy(module: nn.Module, memo: dict[int, Any]) -> Any:
+def _deepcopy(module: nn.Module, memo: dict[int, Any], dtype: Optional[torch.dtype] = None,
+              device: Optional[torch.device] = None) -> Any:
     """``copy.deepcopy`` of a module holding activations cached by its last forward (a bridge's attention
-    keeps ``_pattern``): torch cannot deep-copy a non-leaf tensor, so the copy gets it detached."""
+    keeps ``_pattern``): torch cannot deep-copy a non-leaf tensor, so the copy gets it detached.
+
+    With ``dtype``/``device`` each parameter and buffer is copied straight to where ``Module.to(device, dtype)``
+    would move it (the dtype for floating-point tensors only, as ``Module.to`` casts): the weights are not first
+    copied at their own dtype and then cast, which held both copies at once (Gemma-3-270m's float64 twin: 1 GB
+    of float32 copy beside the 2 GB it was cast to). Tied weights stay tied (one memo entry per tensor).
+    """
     for sub in module.modules():
         for value in vars(sub).values():
             if isinstance(value, torch.Tensor) and not value.is_leaf:
                 memo[id(value)] = value.detach()
+    if dtype is not None or device is not None:
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if id(tensor) in memo:
+                continue
+            moved = tensor.detach().to(device=device or tensor.device,
+                                       dtype=dtype if dtype is not None and tensor.is_floating_point() else None,
+                                       copy=True)
+            memo[id(tensor)] = nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else moved
     return copy.deepcopy(module, memo)
 
 
-def _copy_hf(hf_model: Any) -> Any:
+def _copy_hf(hf_model: Any, dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> Any:
     """A deep copy of a Hugging Face model without the hooks attnlab's adapter put on the original.
 
     The adapter's hooks close over the original adapter's hook points; they are dropped by handle id
@@ -147,7 +162,7 @@ def _copy_hf(hf_model: Any) -> Any:
     """
     adapter = hf_model.__dict__.get("_attnlab_adapter")
     memo: dict[int, Any] = {} if adapter is None else {id(adapter): adapter}  # never copy the old adapter
-    twin = _deepcopy(hf_model, memo)
+    twin = _deepcopy(hf_model, memo, dtype, device)
     twin.__dict__.pop("_attnlab_adapter", None)
     ids = {handle.id for handle in getattr(adapter, "_handles", [])}
     if ids:
@@ -212,8 +227,8 @@ def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
         asked = {"dtype": dtype, "device": device, "attn_implementation": attn_implementation}
         raise refuse_copy(model, ", ".join(f"{k}={v!r}" for k, v in asked.items() if v is not None))
     if isinstance(model, HFAdapter):
-        twin = _copy_hf(model.hf_model)
-        twin.to(device=dev, dtype=dt)
+        twin = _copy_hf(model.hf_model, dt, dev)
+        twin.to(device=dev, dtype=dt)  # what the copy did not reach (a tensor attribute outside the state)
         _experts_for(twin, dt)
         if kernel is not None:
             _set_kernel(twin, kernel)
@@ -223,7 +238,7 @@ def placed(model: Any, *, dtype: Optional[str] = None, device: Any = None,
         raise AttnlabError(f"attn_implementation={attn_implementation!r} cannot be chosen for {label}: it runs "
                            f"{kernel_of(model)!r}; expected attn_implementation=None (a Hugging Face model's kernel "
                            f"is the one choice)")
-    twin = _deepcopy(model, {})
+    twin = _deepcopy(model, {}, dt, dev)
     twin.to(device=dev, dtype=dt)
     if isinstance(twin, BridgeAdapter):
         _experts_for(getattr(twin.bridge, "original_model", None), dt)  # the bridge runs the HF model's experts
