@@ -6,6 +6,7 @@ import os
 import pickle
 import shutil
 import signal
+import time
 
 import pandas as pd
 import pytest
@@ -278,20 +279,37 @@ def _train_until_killed(run_dir):
     os._exit(0)
 
 
+def _has_checkpoint(run_dir) -> bool:
+    return (run_dir / "checkpoint").exists() or (run_dir / OLD).exists()
+
+
+def _kill_after(run_dir, delay: float, from_first_checkpoint: bool = False) -> None:
+    """Start a training child and SIGKILL it ``delay`` seconds after it starts, or after the run's
+    first checkpoint exists (so a kill lands past it however slow the machine is)."""
+    child = mp.get_context("fork").Process(target=_train_until_killed, args=(run_dir,))
+    child.start()  # fork: the child inherits the imports, so it starts at once
+    if from_first_checkpoint:
+        deadline = time.monotonic() + 120
+        while child.is_alive() and not _has_checkpoint(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    child.join(timeout=delay)
+    if child.is_alive():
+        os.kill(child.pid, signal.SIGKILL)
+    child.join()
+
+
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs fork")
 def test_sigkill_at_any_moment_leaves_a_resumable_run(tmp_path, straight):
     """Kill -9 a run that checkpoints every step, several times at different moments; every
-    time the run must load, and the final resumed run must equal the straight one."""
-    ctx = mp.get_context("fork")  # the child inherits the imports, so it starts at once
+    time the run must load, and the final resumed run must equal the straight one. The moments
+    are wall-clock, so on a slow machine they may all fall before the first checkpoint: the last
+    kill is timed from that checkpoint, so the resume always has one to start from."""
     for delay in (0.05, 0.3, 0.15, 0.45, 0.25):
-        child = ctx.Process(target=_train_until_killed, args=(tmp_path,))
-        child.start()
-        child.join(timeout=delay)
-        if child.is_alive():
-            os.kill(child.pid, signal.SIGKILL)
-        child.join()
-        if (tmp_path / "checkpoint").exists() or (tmp_path / OLD).exists():
+        _kill_after(tmp_path, delay)
+        if _has_checkpoint(tmp_path):
             assert isinstance(load_run(tmp_path), Transformer)
             assert read_state(tmp_path)["step"] <= CFG.steps
+    _kill_after(tmp_path, 0.1, from_first_checkpoint=True)
+    assert _has_checkpoint(tmp_path), "the child made no checkpoint in 120 s"
     rest = train(MODEL, CFG, tmp_path, resume=True, progress=False)
     assert_same_run(*straight["adamw"], tmp_path, rest)
