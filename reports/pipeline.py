@@ -268,7 +268,7 @@ def probe(run_dir: str | os.PathLike, *, sequences: int = PROBE_SEQUENCES, seeds
         ctx.costs[step.method] = (spent, say.forward, 1.0 if "bwd" in step.variant.name else 0.0)
         steps.write(layout, step.method, ctx.results[step.method])
         baseline = getattr(ctx.results[step.method], "attrs", {}).get("baseline_loss")
-        rate, shape = replanning.measured(rate, shape, step, spent, say.done, ctx)
+        rate, shape = replanning.measured(rate, shape, step, say.span, say.done, ctx)
         the_plan, i = replanning.rest(the_plan, chosen, step, shape, rate, left(), record, say)
         # one manifest write a method (its plan and notes updated above): a stop can fall only between whole files
         record["elapsed_s"] = round(time.perf_counter() - began, 3)

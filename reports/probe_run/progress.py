@@ -78,6 +78,15 @@ class Progress:
         self.tail = 0.0  # the share of a pass after the last layer (plan.Shape.tail): a call that runs it counts it
         self.deadline: Optional[float] = None  # on ``clock``: no pass starts after it (BudgetSpent)
         self._planned, self._name, self._start, self._last = 1.0, "", 0.0, 0.0
+        self._first: Optional[float] = None  # when the current method's first pass started
+        self._end: Optional[float] = None  # when its latest pass ended
+
+    @property
+    def span(self) -> float:
+        """Seconds from the current method's first pass start to its last pass end: its passes and the work between
+        them (a loss per pass), without the setup before them or the analysis after (roles, distances), which do
+        not grow with the passes. The re-plan's rate is this over the passes (0.0 when none ran)."""
+        return 0.0 if self._first is None or self._end is None else max(self._end - self._first, 0.0)
 
     def say(self, line: str) -> None:
         if self.enabled:
@@ -91,18 +100,24 @@ class Progress:
         self._planned = max(min(step.passes, 1.0) if "bwd" in step.variant.name else step.passes, 1e-9)
         self._name, self.done, self.forward = step.method, 0.0, 0.0
         self._start = self._last = self.clock()
+        self._first = self._end = None
         self.say(f"[{index}/{total}] {step.method} ({step.variant.name}): ~{step.passes:.1f} passes, "
                  f"~{fmt_seconds(step.seconds)}")
-        handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+        handles = [model.register_forward_pre_hook(self._count, with_kwargs=True),
+                   model.register_forward_hook(self._ended, always_call=True)]
         try:
             yield
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
             release_memory()
         self.peak_gb = peak_rss_gb()
         peak = "" if self.peak_gb is None else f", peak RSS so far {self.peak_gb:.2f} GB"
         self.say(f"[{index}/{total}] {step.method}: done in {fmt_seconds(self.clock() - self._start)} "
                  f"(planned ~{fmt_seconds(step.seconds)}){peak}")
+
+    def _ended(self, module: Any, args: tuple, output: Any) -> None:
+        self._end = self.clock()
 
     def _count(self, module: Any, args: tuple, kwargs: dict) -> None:
         if self.deadline is not None and self.clock() >= self.deadline:
@@ -110,6 +125,8 @@ class Progress:
         x = args[0] if args else kwargs.get("tokens", kwargs.get("input", None))
         rows = int(x.shape[0]) if x is not None and hasattr(x, "shape") else 0
         layers = pass_share(rows, kwargs, self.n_layers, self.sequences)
+        if self._first is None:
+            self._first = self.clock()
         self.forward += layers  # whole passes' worth of layers (probes.compare.PassCounter's count)
         # in the plan's units (plan.Shape.masked): the layers run, and the tail whole when the call runs to the end
         tail = rows / self.sequences * self.tail if kwargs.get("stop_at_layer") is None else 0.0
