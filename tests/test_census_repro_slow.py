@@ -28,22 +28,22 @@ def _evidence(text: str) -> str:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory, worker_id):
     """Each docs/findings script's outcome, two at a time (the tiny models take seconds; imports dominate); run once
-    per test run, whichever workers the two tests land on (tests/helpers/shared_result.py)."""
+    per test run (tests/helpers/shared_result.py)."""
     return shared(tmp_path_factory, worker_id, "findings_outcomes",
                   lambda: run_all(sorted(repro.FINDINGS_DIR.glob("*__*.py")), workers=2),
                   lambda d: {k: [o.returncode, o.stdout, o.stderr] for k, o in d.items()},
                   lambda d: {k: Outcome(*o) for k, o in d.items()})
 
 
-def test_every_script_still_reproduces(outcomes) -> None:
+def test_every_script_still_reproduces_and_is_what_the_generator_writes(outcomes) -> None:
+    """One test reads the scripts' outcomes: two would land on both xdist workers, and the second would wait idle on
+    the shared result's lock for minutes while the first computes it."""
     assert outcomes, "docs/findings holds no script: python -m reports.census.repro --write-docs"
     for name, out in outcomes.items():
         # exit 1: the bug is present; each prints expected against observed with its numbers
         assert out.returncode == 1, (name, out.returncode, out.stdout, out.stderr[-2000:])
         assert "expected:" in out.stdout and "observed" in out.stdout and "BUG PRESENT" in out.stdout, name
-
-
-def test_docs_findings_is_what_the_generator_writes(outcomes) -> None:
+    # the folder is what the generator writes: the scripts, and the README with these outcomes
     repros = live()
     assert sorted(outcomes) == sorted(r.filename for r in repros), "stale or missing scripts: regenerate"
     for r in repros:

@@ -77,10 +77,22 @@ def differences(stored, new) -> dict[str, tuple[str, str]]:
     return out
 
 
+# every check of the measurement is in one test: tests spread over both xdist workers would leave the second
+# waiting idle on the shared result's lock for minutes while the first computes it (tests/helpers/shared_result.py)
+SMOLLM2_CAUGHT_AT_MOST = {("decode_offset", "float32"): 1, ("decode_offset", "bfloat16"): 1,
+                          ("window_wider", "float32"): 1, ("window_wider", "bfloat16"): 1}
+
+
 def test_the_measurement_reproduces_the_stored_table(stored, remeasured):
+    """The remeasured verdicts are the stored ones, no control is a false alarm, and the realistic bugs planted in
+    SmolLM2-135M are caught at their smallest size."""
     assert set(remeasured) <= set(stored)
     changed = {k: d for k in remeasured if (d := differences(stored[k], remeasured[k]))}
-    assert not changed, changed
+    alarms = [k for k, r in remeasured.items() if r["control"] == "false alarm"]
+    missed = {(family, dtype): remeasured[("smollm2", family, dtype)] for (family, dtype), at_most
+              in SMOLLM2_CAUGHT_AT_MOST.items()
+              if (got := remeasured[("smollm2", family, dtype)]["caught_at"]) is None or got > at_most}
+    assert not changed and not alarms and not missed, {"changed": changed, "false alarms": alarms, "missed": missed}
 
 
 def test_a_borderline_flip_is_told_from_a_change():
@@ -89,14 +101,3 @@ def test_a_borderline_flip_is_told_from_a_change():
     assert differences(record, flipped) == {}
     firm = {**record, "ratios": {"0": 0.3, "0.001": 4.0}}
     assert differences(firm, flipped) == {"0.001": ("caught", "hidden"), "0.01": (None, "caught")}
-
-
-def test_no_control_is_a_false_alarm(remeasured):
-    assert [k for k, r in remeasured.items() if r["control"] == "false alarm"] == []
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize(("family", "at_most"), [("decode_offset", 1), ("window_wider", 1)])
-def test_realistic_bugs_in_smollm2_are_caught(remeasured, dtype, family, at_most):
-    record = remeasured[("smollm2", family, dtype)]
-    assert record["caught_at"] is not None and record["caught_at"] <= at_most, record
