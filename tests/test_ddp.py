@@ -40,11 +40,12 @@ def _worker(rank: int, port: int, run_dir: str, out: mp.Queue) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs the fork start method")
 def test_two_processes_match_one(tmp_path):
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         single = train(MODEL, CFG, tmp_path / "single", progress=False)
     finally:
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        torch.set_num_threads(before)
     # fork: the children inherit the imported modules (no multi-second re-import of torch and
     # transformer_lens); the parent has no process group, so nothing distributed is inherited.
     ctx = mp.get_context("fork")
