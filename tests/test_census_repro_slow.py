@@ -1,6 +1,8 @@
 """docs/findings/, slow tier: every script still reproduces its bug on the pinned versions, run as a maintainer
-would (a fresh interpreter outside the repository, no PYTHONPATH), and the folder is what the generator writes
-today (the scripts byte for byte; README.md from the outputs this run recorded)."""
+would (outside the repository, no PYTHONPATH; each forked from one interpreter that imported torch and transformers,
+set up as a fresh ``python script``, and one of them also run in a fresh interpreter to the same outcome), and the
+folder is what the generator writes today (the scripts byte for byte; README.md from the outputs this run
+recorded)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 
 from reports.census import repro, repro_readme
 from reports.census.enumerate import by_name
-from reports.census.repro_run import Outcome, run_all
+from reports.census.repro_run import Outcome, run_all, run_one
 from reports.census.repro_select import live
 from reports.census.repro_sites import SITES
 from tests.helpers.shared_result import shared
@@ -35,6 +37,7 @@ def outcomes(tmp_path_factory, worker_id):
                   lambda d: {k: Outcome(*o) for k, o in d.items()})
 
 
+@pytest.mark.long
 def test_every_script_still_reproduces_and_is_what_the_generator_writes(outcomes) -> None:
     """One test reads the scripts' outcomes: two would land on both xdist workers, and the second would wait idle on
     the shared result's lock for minutes while the first computes it."""
@@ -51,3 +54,7 @@ def test_every_script_still_reproduces_and_is_what_the_generator_writes(outcomes
     sites = {r.filename: SITES[r.witness](r.model_type, by_name()[r.model_type].class_name) for r in repros}
     readme = repro_readme.render(repros, outcomes, sites, repro.versions)
     assert _evidence((repro.FINDINGS_DIR / "README.md").read_text()) == _evidence(readme), "README.md: regenerate"
+    # a script's own interpreter gives the outcome its forked run gave (the imports shared, nothing else)
+    first = sorted(outcomes)[0]
+    alone, forked = run_one(repro.FINDINGS_DIR / first), outcomes[first]
+    assert (alone.returncode, _evidence(alone.stdout)) == (forked.returncode, _evidence(forked.stdout)), first
