@@ -2,7 +2,7 @@
 after the CPU torch wheel), so a session costs test time, not install time.
 
     nox                 lint, typecheck, tests, slow, properties, bench (short), browser  -- what CI runs
-    nox -s tests        the fast tier (under 2 minutes on 2 cores): unit, reference-equivalence, mutation,
+    nox -s tests        the fast tier (~7 minutes on 2 cores): unit, reference-equivalence, mutation,
                         CLI, resource and untrusted-file tests, and the fuzz at the ci profile's budget
     nox -s slow         the slow tier (tests marked slow): DDP, SIGINT/SIGKILL trials, learning runs, the
                         census on Ray (where `attnlab[ray]` is installed; it skips otherwise), then the full
@@ -40,8 +40,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
+    # --maxschedchunk=1: the tests marked long (minutes each) are collected first and handed out one at a time as
+    # the workers free up (tests/conftest.py), not in runs of consecutive tests that leave one worker the tail
     session.run(PY, "-m", "pytest", "tests", "-m", "slow and not bench and not properties", "-q", "-n", "2",
-                "--ignore=tests/test_browser.py", "--durations=25", *session.posargs,
+                "--maxschedchunk=1", "--ignore=tests/test_browser.py", "--durations=25", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")})
     # the full fuzz: 500 examples per search where the fast tier's ci profile runs 25
     session.run(PY, "-m", "pytest", *FUZZ, "-m", "not slow", "-q", "-n", "2", *session.posargs,

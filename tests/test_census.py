@@ -124,6 +124,7 @@ def test_census_finding_reproduces_without_the_suite(finding):
     assert WITNESSES[finding.witness](finding.model_type)  # raises AssertionError once the bug is fixed
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_whole_census_reproduces_the_stored_categories(tmp_path, monkeypatch):
     """Every model type, sharded over 2 workers, from an empty cache (~95 s on 2 quiet cores): each gets exactly

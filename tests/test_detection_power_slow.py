@@ -83,6 +83,7 @@ SMOLLM2_CAUGHT_AT_MOST = {("decode_offset", "float32"): 1, ("decode_offset", "bf
                           ("window_wider", "float32"): 1, ("window_wider", "bfloat16"): 1}
 
 
+@pytest.mark.long
 def test_the_measurement_reproduces_the_stored_table(stored, remeasured):
     """The remeasured verdicts are the stored ones, no control is a false alarm, and the realistic bugs planted in
     SmolLM2-135M are caught at their smallest size."""

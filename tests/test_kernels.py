@@ -57,6 +57,7 @@ def test_builtins_are_clean_at_float32(name):
 FINDINGS = {("flex_attention_uncompiled", "additive_bias"): "docs/findings/kernel_flex_attention_per_head_mask.py"}
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [*RUNNABLE, "flex_attention_uncompiled"])
 def test_builtins_fail_only_their_findings_at_every_dtype(name):

@@ -70,6 +70,7 @@ def test_smollm2_has_no_false_alarm_in_low_precision(dtype):
     assert measured.noise_floor.gt(0).all()  # each numeric verdict was calibrated, not skipped
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gemma3_has_no_false_alarm(dtype):
     frame = _checked(GEMMA3, dtype)
@@ -78,6 +79,7 @@ def test_gemma3_has_no_false_alarm(dtype):
     assert CHECKED | {"sliding_window"} <= set(frame.index[frame.status == "pass"])
 
 
+@pytest.mark.long
 def test_gemma3_in_float16_fails_finite_outputs_and_nothing_else():
     frame = _checked(GEMMA3, "float16")
     assert frame.loc["finite_outputs", "status"] == "fail"
@@ -89,6 +91,7 @@ def test_gemma3_in_float16_fails_finite_outputs_and_nothing_else():
     assert met.status.eq("unobservable").all() and met.worst.isna().all()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("bug_name", REAL_BUGS)
 def test_catalogue_bug_patched_into_a_real_checkpoint_in_bfloat16(bug_name):
     bug = next(b for b in BUGS if b.name == bug_name)

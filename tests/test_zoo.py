@@ -100,6 +100,7 @@ def test_cohere_declares_interleaved_pairs():
     assert HFAdapter(zoo.build("llama")).cfg.rotary_style == "half"
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_docs_models_md_is_generated_from_the_zoo():
     rows = [_row(a, ad) for a in sorted(zoo.ZOO) for ad in zoo.ADAPTERS]
