@@ -29,11 +29,14 @@ from torch import Tensor, nn
 from harness.model import KVCache
 
 
-def _loss(logits: Tensor, tokens: Tensor) -> Tensor:
+def loss(logits: Tensor, tokens: Tensor) -> Tensor:
+    """The next-token loss every contender's leave-one-out reads (a float32 mean over all positions)."""
     return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
-def _answer_logprob(logits: Tensor, answer: int) -> Tensor:
+def answer_logprob(logits: Tensor, answer: int) -> Tensor:
+    """The patching metric: the answer's log-probability at the last position (log-probabilities, because the
+    bridge's compatibility mode may shift each position's logits by a constant), averaged over the batch."""
     return logits[:, -1].float().log_softmax(-1)[:, answer].mean()
 
 
@@ -67,7 +70,7 @@ class Floor:
         out = torch.empty(self.n_layers, self.n_heads, dtype=torch.float64)
         with torch.no_grad():
             logits, resid = self._residuals(tokens)
-            base = float(_loss(logits, tokens))
+            base = float(loss(logits, tokens))
             for layer in range(self.n_layers):
                 for head in range(self.n_heads):
                     def ablate(z: Tensor, hook: Any, head: int = head) -> Tensor:
@@ -75,7 +78,7 @@ class Floor:
                         return z
                     with self.model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate)]):
                         logits = self.model(resid[layer], start_at_layer=layer)
-                    out[layer, head] = float(_loss(logits, tokens)) - base
+                    out[layer, head] = float(loss(logits, tokens)) - base
         return out
 
     def resid_patching(self, clean: Tensor, corrupted: Tensor, positions: Sequence[int]) -> Tensor:
@@ -90,5 +93,5 @@ class Floor:
                     x[:, 0] = clean_resid[layer][:, p]
                     prefix = cache.prefix(p, layers=range(layer, self.n_layers)) if p else None
                     logits = self.model(x, start_at_layer=layer, kv_cache=prefix)
-                    out[layer, i] = float(_answer_logprob(logits, self.answer))
+                    out[layer, i] = float(answer_logprob(logits, self.answer))
         return out

@@ -42,7 +42,7 @@ import probes.patching
 from harness.adapters import HFAdapter
 from harness.model.convert import from_hf
 from reports.bench.core import Row, Shape, interleaved_times, medians, paired_ratio
-from reports.bench.floors import Floor
+from reports.bench.floors import Floor, answer_logprob, loss
 
 TASKS = ("patterns", "loo_ablation", "resid_patching")
 FLOOR_GOALS = {"patterns": 1.15, "loo_ablation": 1.3, "resid_patching": 1.3}  # attnlab's time / the floor's, at most
@@ -69,12 +69,7 @@ def gpt2_models(shape: Shape, seed: int = 0) -> tuple[nn.Module, nn.Module, nn.M
 
 
 def _answer_logprob(logits: Tensor) -> Tensor:
-    # log-probabilities: compatibility mode may shift each position's logits by a constant
-    return logits[:, -1].float().log_softmax(-1)[:, ANSWER].mean()
-
-
-def _loss(logits: Tensor, tokens: Tensor) -> Tensor:
-    return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+    return answer_logprob(logits, ANSWER)
 
 
 class Attnlab:
@@ -120,14 +115,14 @@ class Bridge:
     def loo_ablation(self, tokens: Tensor) -> Tensor:
         out = torch.empty(self.n_layers, self.n_heads, dtype=torch.float64)
         with torch.no_grad():
-            base = float(_loss(self._logits(self.model(tokens)), tokens))
+            base = float(loss(self._logits(self.model(tokens)), tokens))
             for layer in range(self.n_layers):
                 for head in range(self.n_heads):
                     def ablate(z: Tensor, hook: Any, head: int = head) -> Tensor:
                         z[:, :, head] = 0
                         return z
                     logits = self.model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate)])
-                    out[layer, head] = float(_loss(self._logits(logits), tokens)) - base
+                    out[layer, head] = float(loss(self._logits(logits), tokens)) - base
         return out
 
     def resid_patching(self, clean: Tensor, corrupted: Tensor, positions: Sequence[int]) -> Tensor:
@@ -170,13 +165,13 @@ class Nnsight:
         with torch.no_grad():
             with self.model.trace(tokens):
                 base_logits = self.model.lm_head.output.save()
-            base = float(_loss(base_logits, tokens))
+            base = float(loss(base_logits, tokens))
             for layer in range(self.n_layers):
                 for head in range(self.n_heads):
                     with self.model.trace(tokens):
                         self.model.transformer.h[layer].attn.c_proj.input[:, :, head * d:(head + 1) * d] = 0
                         logits = self.model.lm_head.output.save()
-                    out[layer, head] = float(_loss(logits, tokens)) - base
+                    out[layer, head] = float(loss(logits, tokens)) - base
         return out
 
     def resid_patching(self, clean: Tensor, corrupted: Tensor, positions: Sequence[int]) -> Tensor:

@@ -21,13 +21,13 @@ from reports.probe_run.steps import Context, top_depth
 MIN_SPAN_S = 1.0  # a method's passes must take this long for their rate to re-plan the rest
 
 
-def measured(rate: float, shape: Shape, step: Step, spent: float, ran: float, ctx: Context) -> tuple[float, Shape]:
+def measured(rate: float, shape: Shape, step: Step, span: float, ran: float, ctx: Context) -> tuple[float, Shape]:
     """The seconds per pass the next re-plan uses: this method's, when it planned and ran (``ran``: forward
     passes counted, in the plan's units) a pass or more (a shared machine's load moves it; the first pass's rate
     would keep a slowed run over its budget); and, once the attribution pass has ranked the heads, the share of
     the stack the top candidates' exact passes run.
 
-    ``spent`` is the seconds from the method's first pass start to its last pass end (Progress.span): a method's
+    ``span`` is the seconds from the method's first pass start to its last pass end (Progress.span): a method's
     setup and its analysis after the passes do not grow with passes, and on a small model they outweigh them
     (head_roles' one pass and its role scores read as 0.04 s a pass against 0.0002, which planned the estimators'
     15k passes at 10 min and dropped their l0 gates, a 4-second job). Passes that took under :data:`MIN_SPAN_S`
@@ -37,9 +37,9 @@ def measured(rate: float, shape: Shape, step: Step, spent: float, ran: float, ct
     # forward passes as counted (a walk may stop before the passes planned "up to"). Nothing is measured by a
     # method that reused an earlier one's passes, one whose time is mostly other work, or one with a backward
     # (its passes are the first pass's estimate of a backward, not a count)
-    if step.passes >= 1 and ran >= 0.5 and spent >= MIN_SPAN_S and step.variant.extra_s == 0 \
+    if step.passes >= 1 and ran >= 0.5 and span >= MIN_SPAN_S and step.variant.extra_s == 0 \
             and "bwd" not in step.variant.name:
-        rate = spent / ran
+        rate = span / ran
     if not shape.top_depth and ctx.has_estimates():
         shape = dataclasses.replace(shape, top_depth=top_depth(
             shape, {m: ctx.estimate(m) for m in ("ablation", "mean_ablation")}))
