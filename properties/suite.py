@@ -23,6 +23,7 @@ from properties.cost import COST_COLUMNS, counting
 from properties.precision import fingerprint
 from properties.registry import SUITE, Check
 from properties.search import check_search_args
+from properties.threads import wide_linears
 
 # Model-level properties in report order: a live view of the registry (properties/registry.py), in
 # each property's ``order``. The component-level formulas (rotary_formula, sinusoidal_formula) check
@@ -37,7 +38,9 @@ ADDED_COLUMNS = [*PRECISION_COLUMNS, *COST_COLUMNS]
 # Every pass of a property search is a few sequences of <= 24 tokens: too small for an op to gain from a second
 # CPU thread, and on a shared machine each op's parallel region waits for a descheduled one. GPT-2 small's shape,
 # causal_outputs + pattern_distribution at 8 examples, 2 cores at load 8: 291 s on 2 threads, 54 s on 1 (the same
-# 25 + 25 passes; the 2-thread profile spent 47 s in 1250 layer_norm calls on [2, 8, 768] tensors).
+# 25 + 25 passes; the 2-thread profile spent 47 s in 1250 layer_norm calls on [2, 8, 768] tensors). The few large
+# matrix products (a large vocabulary's unembedding, the layers of a long row) run on the caller's threads
+# (properties/threads.py).
 THREADS = 1
 # the hook points that fire on a model, while its weights are unchanged (precision.fingerprint): a caller that checks
 # one property per call (reports/pipeline.py, for its progress bar) must not pay a smoke pass per property
@@ -77,7 +80,9 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     "bfloat16", "float16", "float64"), ``device`` and ``attn_implementation`` run a copy of the model
     there (:func:`harness.adapters.placed`; the caller's model is never cast); ``frame.attrs`` records
     what ran (``dtype``, ``device``, ``attn_implementation``). ``threads``: torch's CPU threads while it
-    runs (restored after; None keeps the caller's setting), default :data:`THREADS`. ``budget``: an explicit
+    runs (restored after; None keeps the caller's setting), default :data:`THREADS`; a linear op of at least
+    :data:`properties.threads.WIDE_FLOPS` (the unembedding of a large vocabulary, a layer on a long row) runs on
+    the caller's setting when that is more (properties/threads.py). ``budget``: an explicit
     ``max_examples`` is a cap that each row's pass budget may lower on a large model, as a default one is
     (properties/budget.py; `attnlab check` runs so), not an exact count.
     """
@@ -88,7 +93,7 @@ def check_model(model: AnyModel, *, seed: int = 0, max_examples: Optional[int] =
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
-        with capping(budget):
+        with capping(budget), wide_linears(threads or before, before):
             return _check(model, seed=seed, max_examples=max_examples, properties=properties, cfg=cfg, dtype=dtype,
                           device=device, attn_implementation=attn_implementation)
     finally:

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def tiny(**kw) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=32, n_ctx=16, **kw)).eval()
+    shape = {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_vocab": 32, "n_ctx": 16, **kw}
+    return Transformer(ModelConfig(**shape)).eval()
 
 
 def test_counting_tells_the_model_from_its_copies():
@@ -75,4 +76,38 @@ def test_the_suite_runs_on_its_own_threads_and_restores_the_callers():
         with pytest.raises(AttnlabError, match="threads=0"):
             check_model(model, properties=["causal_pattern"], threads=0)
     finally:
+        torch.set_num_threads(1)
+
+
+def test_a_large_linear_op_runs_on_the_callers_threads_and_the_rest_on_one(monkeypatch):
+    """The threshold lowered to one row of a 65536-token vocabulary's unembedding (the real one, 2^28, would need a
+    4M-token vocabulary here): the unembedding runs on the caller's 2 threads, its float64 twin's too; every other
+    module (layers 32 wide, their largest product 2 x 32 rows x 32 x 128 = 2^18) on the suite's 1."""
+    from properties import threads
+
+    model = tiny(d_vocab=65536)
+    monkeypatch.setattr(threads, "WIDE_FLOPS", 2 * 32 * 65536)
+    twin = golden_twin(model)  # the one the check will use (cached while the weights are unchanged)
+    seen: dict[tuple[str, str], set[int]] = {}
+
+    def watcher(which):
+        def watch(module, args):  # a module's own hook runs after the suite's global one: it sees its choice
+            kind = "unembed" if module is which.unembed else "other"
+            seen.setdefault((kind, "twin" if which is twin else "model"), set()).add(torch.get_num_threads())
+        return watch
+
+    handles = [m.register_forward_pre_hook(watcher(which)) for which in (model, twin) for m in which.modules()]
+    torch.set_num_threads(2)
+    try:
+        check_model(model, properties=["causal_outputs"], max_examples=3)
+        assert seen == {(kind, who): {1 if kind == "other" else 2} for kind in ("unembed", "other")
+                        for who in ("model", "twin")}, seen
+        assert torch.get_num_threads() == 2
+        seen.clear()
+        with torch.no_grad():  # outside the suite nothing is switched
+            model(torch.tensor([[1, 2]]))
+        assert seen[("other", "model")] == {2}
+    finally:
+        for handle in handles:
+            handle.remove()
         torch.set_num_threads(1)

@@ -47,12 +47,12 @@ def test_benchmark_table(benchmark):
 
 # --- check_model at a real model's shape ---------------------------------------------------------------------------
 # full mode: GPT-2 small's shape (12 layers x 12 heads, d 768, vocab 50257, n_ctx 1024; random weights, float32), the
-# goal <= 30 s on 2 cores, and the real SmolLM2-135M checkpoint (goal <= 45 s); short mode (CI): 2 layers,
-# d 128, vocab 1000. check_model runs with max_examples left to it, so a big model's rows run within their pass
-# budget (properties/budget.py; each row's reason says how many examples ran) and a small one its full search. Side
-# by side with one no-grad forward pass of the same model on 8 x 128 tokens, so the figure "check_model costs N
-# forward passes" survives a loaded machine; the machine's load (uptime) is printed with it. Not asserted against the
-# goal: a timed test flakes.
+# goal <= 30 s on 2 cores, the real SmolLM2-135M checkpoint (goal <= 45 s) and Gemma-3-270M (<= 60 s at float32 and
+# bfloat16); short mode (CI): 2 layers, d 128, vocab 1000. check_model runs with max_examples left to it, so a big
+# model's rows run within their pass budget (properties/budget.py; each row's reason says how many examples ran) and a
+# small one its full search. Side by side with one no-grad forward pass of the same model on 8 x 128 tokens, so the
+# figure "check_model costs N forward passes" survives a loaded machine; the machine's load (uptime) is printed with
+# it. Not asserted against the goal: a timed test flakes.
 SUITE_SHAPE = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024) if FULL else \
     dict(n_layer=2, n_head=4, n_embd=128, vocab_size=1000, n_positions=256)
 
@@ -96,3 +96,11 @@ def test_check_model_at_gpt2_shape(benchmark):
 def test_check_model_on_smollm2(benchmark):
     model, _, _ = load_hf(str(converted("smollm2-135m-instruct")), dtype="float32")  # as `attnlab check --hf` loads it
     _check_side_by_side(benchmark, model.eval(), "SmolLM2-135M float32")
+
+
+@pytest.mark.skipif(not FULL, reason="full mode: the real 270M checkpoint (tests/helpers/checkpoints.py)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_check_model_on_gemma3(benchmark, dtype):
+    """Gemma-3-270M (18 layers, a 262k vocabulary, windows of 512): goal <= 60 s at float32 and bfloat16."""
+    model, _, _ = load_hf(str(converted("gemma-3-270m")), dtype=dtype)  # as `attnlab check --hf --dtype` loads it
+    _check_side_by_side(benchmark, model.eval(), f"Gemma-3-270M {dtype}")
