@@ -81,9 +81,12 @@ def test_gemma3_has_no_false_alarm(dtype):
 
 @pytest.mark.long
 def test_gemma3_in_float16_fails_finite_outputs_and_nothing_else():
+    """finite_outputs names the finding the raw-model witness proves (tests/test_real_checkpoints.py): it runs each
+    input with <bos> as its first real token, as every served prompt has it, and names the first layer."""
     frame = _checked(GEMMA3, "float16")
     assert frame.loc["finite_outputs", "status"] == "fail"
-    assert "layer 7, blocks.7.hook_resid_post" in frame.loc["finite_outputs", "counterexample"]
+    where = frame.loc["finite_outputs", "counterexample"]
+    assert "layer 7, blocks.7.hook_resid_post" in where and "<bos>=2" in where, where
     others = frame.drop(index="finite_outputs")
     assert others.status.ne("fail").all(), others[others.status == "fail"].counterexample.to_dict()
     # a row that met the overflow says so instead of an inf deviation
