@@ -87,6 +87,7 @@ from harness.adapters.placement import placed
 from harness.errors import AttnlabError
 from properties import cost
 from properties.design import model_dtype, unit_roundoff
+from properties.twin_conv import reroute_depthwise
 
 FACTOR = 4.0
 NOT_COMPARABLE = "not comparable: non-finite values (see finite_outputs)"
@@ -347,7 +348,11 @@ def _twin_at(model: Any, dtype: torch.dtype) -> Optional[Any]:
         twin = placed(model, dtype=str(dtype).removeprefix("torch.")).eval()  # a copy: the user's model is untouched
     except AttnlabError:  # e.g. a dtype this device cannot compute in
         return None
-    return twin if model_dtype(twin) == dtype else None
+    if model_dtype(twin) != dtype:
+        return None
+    if dtype == torch.float64:
+        reroute_depthwise(twin)  # the same numbers as torch's float64 depthwise kernel, 7-35x sooner
+    return twin
 
 
 def noise_for(model: Any, *, measured: bool = True, local: bool = False) -> Noise:
