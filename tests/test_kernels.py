@@ -8,6 +8,8 @@ are `slow`.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
 import subprocess
 import sys
@@ -55,6 +57,10 @@ def test_builtins_are_clean_at_float32(name):
 
 # a built-in's failed rows are findings, each with a witness that does not import attnlab (docs/findings/)
 FINDINGS = {("flex_attention_uncompiled", "additive_bias"): "docs/findings/kernel_flex_attention_per_head_mask.py"}
+# rows a built-in refuses on every input on this CPU (n/a, the refusal quoted); any other such row is the
+# kernel not running at all, which must not pass as clean
+REFUSALS = {("sdpa_flash", "value_dim"): "flash SDPA takes no value dim other than the key dim",
+            ("flex_attention_uncompiled", "sinks"): "transformers: attention sinks cannot run on CPU with flex"}
 
 
 @pytest.mark.long
@@ -64,6 +70,22 @@ def test_builtins_fail_only_their_findings_at_every_dtype(name):
     frame = check_kernel(builtins()[name], dtypes=("float32", "bfloat16", "float16"))
     failed = {(name, p) for p in frame[frame.status == "fail"].property}
     assert failed == {f for f in FINDINGS if f[0] == name}, frame[frame.status == "fail"].to_dict("records")
+    refused = frame[frame.reason.str.startswith("raises on every input")]
+    assert {(name, p) for p in refused.property} == {r for r in REFUSALS if r[0] == name}, refused.to_dict("records")
+
+
+@pytest.mark.parametrize("name", ["flex", "flex_attention_uncompiled"])
+def test_flex_untraced_gives_what_its_eager_trace_gives(name, monkeypatch):
+    """The flex kernels run flex_attention's op without its torch.compile(backend="eager") trace
+    (properties/kernels/builtins.py): the same outputs, to the bit, as through the trace."""
+    kernels = importlib.import_module("properties.kernels.builtins")  # the package exports a function of that name
+    cases = [Case(b=2, h=4, h_kv=2, q=5, k=7, causal=True, mask="bool", pad_left=(0, 2), window=3, seed=1),
+             Case(b=1, q=3, k=6, mask="additive", bias="random", softcap=2.0, amplitude=4.0, seed=2),
+             Case(b=2, q=4, k=4, causal=True, mask="additive", sinks=name == "flex", seed=3)]  # REFUSALS
+    untraced = [call(builtins()[name], case) for case in cases]
+    monkeypatch.setattr(kernels, "untraced", contextlib.nullcontext)
+    traced = [call(builtins()[name], case) for case in cases]
+    assert all(torch.equal(a, b) for a, b in zip(untraced, traced, strict=True))
 
 
 @pytest.mark.slow
