@@ -127,7 +127,7 @@ def test_census_finding_reproduces_without_the_suite(finding):
 @pytest.mark.long
 @pytest.mark.slow
 def test_the_whole_census_reproduces_the_stored_categories(tmp_path, monkeypatch):
-    """Every model type, sharded over 2 workers, from an empty cache (~95 s on 2 quiet cores): each gets exactly
+    """Every model type, sharded over 2 workers, from an empty cache (~150 s on 2 quiet cores): each gets exactly
     one category, none is untriaged, and under the transformers version the docs were made with, each category
     is the stored one (a newer transformers may change a model: then the docs are regenerated, not this test)."""
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
