@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from harness.adapters import hf_routes as routes
+from harness.adapters import source_text
 from harness.adapters.design_facts import AdapterConfig
 from harness.adapters.hf_positions import falcon_alibi_slopes, length_dependence
 from harness.errors import AttnlabTypeError
@@ -112,7 +113,7 @@ def calls(module: Any, name: str) -> bool:
     if not hasattr(module, name):
         return False
     try:
-        source = inspect.getsource(module)
+        source = source_text.source(module)
     except (OSError, TypeError):
         return True
     return source.count(f"{name}(") > source.count(f"def {name}(")
@@ -130,12 +131,12 @@ def _rotary_style(module: Any, attn: Optional[nn.Module]) -> str:
         return "interleaved"
     # Llama 4 turns (x_2i, x_2i+1) as one complex number (torch.view_as_complex): interleaved pairs
     complex_rope = getattr(module, "apply_rotary_emb", None) if module is not None else None
-    if complex_rope is not None and "view_as_complex" in inspect.getsource(complex_rope):
+    if complex_rope is not None and "view_as_complex" in source_text.source(complex_rope):
         return "interleaved"
     if _sinusoidal_rotary(attn):
         return "interleaved"
     try:
-        source = inspect.getsource(module.rotate_half) if module is not None and hasattr(module, "rotate_half") else ""
+        source = source_text.source(module.rotate_half) if module is not None and hasattr(module, "rotate_half") else ""
     except (OSError, TypeError):
         source = ""
     return "interleaved" if "::2]" in source else "half"
@@ -159,7 +160,7 @@ def query_prescale(attn: Optional[nn.Module]) -> Optional[float]:
     is 1.0. Read off the module's forward source; None when the module does not do this.
     """
     try:
-        source = inspect.getsource(type(attn).forward) if attn is not None else ""
+        source = source_text.source(type(attn).forward) if attn is not None else ""
     except (OSError, TypeError):
         return None
     value = getattr(attn, "scaling", None)
@@ -241,7 +242,7 @@ def mla_rotary(attn: Optional[nn.Module], d_head: int) -> Optional[tuple[int, in
     if attn is None or not (isinstance(rope, int) and isinstance(nope, int) and rope + nope == d_head):
         return None
     try:
-        source = inspect.getsource(type(attn).forward)
+        source = source_text.source(type(attn).forward)
     except (OSError, TypeError):
         return None
     if re.search(r"q_pass, q_rot = torch\.split", source):
@@ -253,7 +254,7 @@ def _rotary_direction(module: Any) -> Optional[int]:
     """-1 where the modeling file's rotate_half is ``cat((x2, -x1))`` (nanochat, as Karpathy's nanochat
     apply_rotary_emb: y1 = x1 cos + x2 sin): position p turns by -p, a rotation still; None (textbook +1) otherwise."""
     try:
-        source = inspect.getsource(module.rotate_half) if module is not None and hasattr(module, "rotate_half") else ""
+        source = source_text.source(module.rotate_half) if module is not None and hasattr(module, "rotate_half") else ""
     except (OSError, TypeError):
         return None
     return -1 if re.search(r"cat\(\(x2, -x1\)", source) else None
@@ -273,7 +274,7 @@ def _absolute_positions(module: Any) -> Optional[str]:
     - RecurrentGemma's RG-LRU computes ``reset = position_ids[:, :, None] == 0`` (a document boundary).
     """
     try:
-        source = inspect.getsource(module) if module is not None else ""
+        source = source_text.source(module) if module is not None else ""
     except (OSError, TypeError):
         source = ""
     if re.search(r"reset\s*=\s*position_ids\[[^\]]*\]\s*==\s*0", source):
@@ -303,7 +304,7 @@ def expert_capacity(hf_model: nn.Module) -> Optional[int]:
         if not isinstance(router, nn.Module) or not hasattr(router, "expert_capacity"):
             continue
         try:
-            source = inspect.getsource(type(parent).forward)
+            source = source_text.source(type(parent).forward)
         except (OSError, TypeError):
             source = ""
         call, flat = source.find("self.router("), re.search(r"\.(view|reshape)\(\s*-1\s*,", source)

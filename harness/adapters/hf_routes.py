@@ -18,13 +18,13 @@ Both routes take the residual hooks from the decoder layers' inputs and outputs.
 from __future__ import annotations
 
 import importlib
-import inspect
 import sys
 from collections.abc import Callable
 from typing import Any, Optional, cast
 
 from torch import nn
 
+from harness.adapters import source_text
 from harness.adapters.hf_attention import PREFIX, observed_attention
 
 INTERFACE = "attention_interface"
@@ -45,7 +45,7 @@ def uses_interface(module: nn.Module) -> bool:
     """Whether ``module``'s modeling file dispatches attention through transformers' AttentionInterface."""
     source_module = sys.modules.get(type(module).__module__)
     try:
-        source = inspect.getsource(source_module) if source_module is not None else ""
+        source = source_text.source(source_module) if source_module is not None else ""
     except (OSError, TypeError):
         return False
     return "ALL_ATTENTION_FUNCTIONS.get_interface(" in source
@@ -133,7 +133,7 @@ def route_for_model_type(model_type: str) -> str:
         package = "gemma3"
     try:
         module = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
-        source = inspect.getsource(module)
+        source = source_text.source(module)
     except (ImportError, OSError):
         return "unsupported"
     return INTERFACE if "ALL_ATTENTION_FUNCTIONS.get_interface(" in source else MODULE_HOOKS
