@@ -129,15 +129,18 @@ def token_batches(d_vocab: int, *, min_batch: int = 1, max_batch: int = 3, min_l
     check_int("max_batch", max_batch, 1)
     _check_range("min_batch", min_batch, "max_batch", max_batch)
     token_lists(d_vocab, min_len=min_len, max_len=max_len)  # validates the rest
+    return _token_batches(d_vocab, min_batch, max_batch, min_len, max_len)
 
-    @st.composite
-    def build(draw) -> Tensor:
-        n = draw(st.integers(min_len, max_len))
-        rows = draw(st.lists(st.lists(st.integers(0, d_vocab - 1), min_size=n, max_size=n),
-                             min_size=min_batch, max_size=max_batch))
-        return torch.tensor(rows, dtype=torch.long)
 
-    return build()
+# The composites here and in the checks are defined once, at module level, and given their settings as
+# arguments: @st.composite reads the decorated function's source to check that it calls draw, and a composite
+# defined inside the function that returns the strategy did that at every search (~5% of a tiny model's check).
+@st.composite
+def _token_batches(draw, d_vocab: int, min_batch: int, max_batch: int, min_len: int, max_len: int) -> Tensor:
+    n = draw(st.integers(min_len, max_len))
+    rows = draw(st.lists(st.lists(st.integers(0, d_vocab - 1), min_size=n, max_size=n),
+                         min_size=min_batch, max_size=max_batch))
+    return torch.tensor(rows, dtype=torch.long)
 
 
 LONGEST_DRAWN = 512  # tokens hypothesis draws one by one; past this a row comes from a drawn seed (its buffer is 8 KiB)
@@ -154,14 +157,14 @@ def long_token_batches(d_vocab: int, length: int, *, max_batch: int = 1):
     check_int("d_vocab", d_vocab, 1)
     check_int("length", length, 1)
     check_int("max_batch", max_batch, 1)
+    return _long_token_batches(d_vocab, length, max_batch)
 
-    @st.composite
-    def build(draw) -> Tensor:
-        seeds = draw(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=max_batch))
-        rows = [torch.randint(0, d_vocab, (length,), generator=torch.Generator().manual_seed(seed)) for seed in seeds]
-        return torch.stack(rows)
 
-    return build()
+@st.composite
+def _long_token_batches(draw, d_vocab: int, length: int, max_batch: int) -> Tensor:
+    seeds = draw(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=max_batch))
+    rows = [torch.randint(0, d_vocab, (length,), generator=torch.Generator().manual_seed(seed)) for seed in seeds]
+    return torch.stack(rows)
 
 
 def permutations(n: int):
@@ -224,24 +227,24 @@ def padded_batches(d_vocab: int, *, max_batch: int = 2, max_len: int = 6, max_pa
     check_int("max_pad", max_pad, 1)
     sides = _check_subset("sides", sides, ("left", "right"))
     rows_st = token_lists(d_vocab, max_len=max_len)
+    return _padded_batches(d_vocab, rows_st, max_batch, max_pad, sides)
 
-    @st.composite
-    def build(draw) -> PaddedBatch:
-        rows = draw(st.lists(rows_st, min_size=1, max_size=max_batch))
-        total = max(len(r) for r in rows) + draw(st.integers(1, max_pad))
-        tokens, mask, row_sides = [], [], []
-        for r in rows:
-            side = draw(st.sampled_from(sides))
-            pads = draw(st.lists(st.integers(0, d_vocab - 1), min_size=total - len(r), max_size=total - len(r)))
-            real, fill = list(r), [1] * len(r)
-            if side == "left":
-                tokens.append(pads + real)
-                mask.append([0] * len(pads) + fill)
-            else:
-                tokens.append(real + pads)
-                mask.append(fill + [0] * len(pads))
-            row_sides.append(side)
-        return PaddedBatch(tuple(tuple(r) for r in rows), tuple(row_sides),
-                           torch.tensor(tokens, dtype=torch.long), torch.tensor(mask, dtype=torch.long))
 
-    return build()
+@st.composite
+def _padded_batches(draw, d_vocab: int, rows_st, max_batch: int, max_pad: int, sides: tuple[str, ...]) -> PaddedBatch:
+    rows = draw(st.lists(rows_st, min_size=1, max_size=max_batch))
+    total = max(len(r) for r in rows) + draw(st.integers(1, max_pad))
+    tokens, mask, row_sides = [], [], []
+    for r in rows:
+        side = draw(st.sampled_from(sides))
+        pads = draw(st.lists(st.integers(0, d_vocab - 1), min_size=total - len(r), max_size=total - len(r)))
+        real, fill = list(r), [1] * len(r)
+        if side == "left":
+            tokens.append(pads + real)
+            mask.append([0] * len(pads) + fill)
+        else:
+            tokens.append(real + pads)
+            mask.append(fill + [0] * len(pads))
+        row_sides.append(side)
+    return PaddedBatch(tuple(tuple(r) for r in rows), tuple(row_sides),
+                       torch.tensor(tokens, dtype=torch.long), torch.tensor(mask, dtype=torch.long))

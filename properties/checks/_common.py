@@ -86,6 +86,19 @@ def masked_inputs(d_vocab: int, n: int):
     return st.one_of(*inputs)
 
 
+def draw_chunks(draw, d_vocab: int, rows: int, new_max: int, max_chunk: int) -> list:
+    """Inside a composite: up to ``new_max`` new tokens for each of ``rows`` rows, in chunks of 1..``max_chunk``
+    decoded one call at a time (ids ``[rows][size]`` per chunk); shrinks towards one chunk of one token."""
+    chunks: list = []
+    left = new_max
+    while left > 0 and (not chunks or draw(st.booleans())):
+        size = draw(st.integers(1, min(max_chunk, left)))
+        row = st.lists(st.integers(0, d_vocab - 1), min_size=size, max_size=size)
+        chunks.append(draw(st.lists(row, min_size=rows, max_size=rows)))
+        left -= size
+    return chunks
+
+
 def real_positions(x: Tensor, mask: Any) -> Tensor:
     """bool ``[batch, pos]``: the real (unpadded) positions of ``x`` under ``mask`` (all when None)."""
     return mask.bool() if mask is not None else torch.ones(x.shape, dtype=torch.bool)
@@ -94,11 +107,12 @@ def real_positions(x: Tensor, mask: Any) -> Tensor:
 def tokens_and_offset(cfg: Any, min_offset: int, max_offset: int, max_batch: int = 2, min_len: int = 1):
     """Tokens and a position offset in [min_offset, max_offset] with every position below n_ctx."""
     longest = max(min_len, min(max_len(cfg), cfg.n_ctx - min_offset))
+    return _tokens_and_offset(cfg.d_vocab, cfg.n_ctx, min_offset, max_offset, max_batch, min_len, longest)
 
-    @st.composite
-    def build(draw):
-        x = draw(token_batches(cfg.d_vocab, max_batch=max_batch, min_len=min_len, max_len=longest))
-        top = max(min_offset, min(max_offset, cfg.n_ctx - x.shape[1]))
-        return x, draw(position_offsets(top, min_offset=min_offset))
 
-    return build()
+@st.composite  # at module level: see properties/strategies.py's token_batches
+def _tokens_and_offset(draw, d_vocab: int, n_ctx: int, min_offset: int, max_offset: int, max_batch: int,
+                       min_len: int, longest: int):
+    x = draw(token_batches(d_vocab, max_batch=max_batch, min_len=min_len, max_len=longest))
+    top = max(min_offset, min(max_offset, n_ctx - x.shape[1]))
+    return x, draw(position_offsets(top, min_offset=min_offset))

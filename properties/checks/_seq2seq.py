@@ -61,16 +61,16 @@ def source_examples(cfg: Any, min_len: int = 1):
     """Padded sources of up to 10 positions and decoder tokens of ``min_len``..8; shrinks towards one of each."""
     n = max_len(cfg, cap=10)
     sources = padded_batches(cfg.d_vocab, max_batch=2, max_len=max(1, n * 3 // 5), max_pad=max(1, n - n * 3 // 5))
+    return _source_examples(cfg.d_vocab, sources, min(min_len, max_len(cfg)), max_len(cfg))
 
-    @st.composite
-    def build(draw) -> SourceExample:
-        source = draw(sources)
-        length = draw(st.integers(min(min_len, max_len(cfg)), max_len(cfg)))
-        row = st.lists(st.integers(0, cfg.d_vocab - 1), min_size=length, max_size=length)
-        rows = draw(st.lists(row, min_size=len(source.rows), max_size=len(source.rows)))
-        return SourceExample(source, torch.tensor(rows, dtype=torch.long))
 
-    return build()
+@st.composite  # at module level: see properties/strategies.py's token_batches
+def _source_examples(draw, d_vocab: int, sources, shortest: int, longest: int) -> SourceExample:
+    source = draw(sources)
+    length = draw(st.integers(shortest, longest))
+    row = st.lists(st.integers(0, d_vocab - 1), min_size=length, max_size=length)
+    rows = draw(st.lists(row, min_size=len(source.rows), max_size=len(source.rows)))
+    return SourceExample(source, torch.tensor(rows, dtype=torch.long))
 
 
 def key_coverage(pattern: Tensor, scores: Tensor, query_real: Tensor, key_real: Tensor

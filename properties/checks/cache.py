@@ -25,7 +25,7 @@ import torch
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import CACHED_DECODING, call_model, has_cached_decoding, model_device
-from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, draw_chunks, fmt, max_len, scaled_deviation
 from properties.cost import one_pass
 from properties.precision import forward_capture, twinned
 from properties.registry import Applies, Case, Plan, model_property
@@ -107,17 +107,14 @@ def kv_cache(case: Case) -> Plan:
     return _through_generate(model, cfg, n, new_max)
 
 
+@st.composite  # at module level: see properties/strategies.py's token_batches
+def _prompt_and_chunks(draw, prompts, d_vocab: int, new_max: int):
+    x, mask = draw(prompts)
+    return x, mask, draw_chunks(draw, d_vocab, x.shape[0], new_max, MAX_CHUNK)
+
+
 def _through_cache(model, cfg, n: int, new_max: int) -> Plan:
-    @st.composite
-    def strategy(draw):
-        x, mask = draw(_prompts(cfg, n))
-        chunks, left = [], new_max
-        while left > 0 and (not chunks or draw(st.booleans())):  # shrinks towards one chunk of one token
-            size = draw(st.integers(1, min(MAX_CHUNK, left)))
-            chunks.append(draw(st.lists(st.lists(st.integers(0, cfg.d_vocab - 1), min_size=size, max_size=size),
-                                        min_size=x.shape[0], max_size=x.shape[0])))
-            left -= size
-        return x, mask, chunks
+    strategy = _prompt_and_chunks(_prompts(cfg, n), cfg.d_vocab, new_max)
 
     def decode(m: Any, x: torch.Tensor, mask: Optional[torch.Tensor], chunks: list) -> torch.Tensor:
         """The logits of ``m``'s cached decoding: the prompt's last token, then every chunk's."""
@@ -147,7 +144,7 @@ def _through_cache(model, cfg, n: int, new_max: int) -> Plan:
         x, mask, chunks = example
         return _describe_prompt(x, mask) + f" then chunks={chunks}"
 
-    return Plan(strategy(), measure, describe, info=lambda: f"decoded through {CACHED_DECODING}")
+    return Plan(strategy, measure, describe, info=lambda: f"decoded through {CACHED_DECODING}")
 
 
 def _through_generate(model, cfg, n: int, new_max: int) -> Plan:

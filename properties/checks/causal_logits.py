@@ -15,6 +15,16 @@ from properties.registry import Applies, Case, Plan, model_property
 from properties.strategies import token_batches
 
 
+@st.composite  # at module level: see properties/strategies.py's token_batches
+def _cut_and_shifts(draw, vocab: int, longest: int):
+    x = draw(token_batches(vocab, max_batch=2, min_len=2, max_len=longest))
+    n = x.shape[1]
+    cut = draw(st.integers(1, n - 1))
+    # each changed token moves by 1..vocab-1 ids, so it really changes; shrinks towards +1
+    shifts = draw(st.lists(st.integers(1, vocab - 1), min_size=n - cut, max_size=n - cut))
+    return x, cut, shifts
+
+
 @model_property(name="causal_outputs", order=20, calibrated=True, tolerance=LOGIT_RTOL,
                 rule=LOGIT_RULE,
                 applies=Applies(attention=("causal",), min_ctx=2, min_vocab=2,  # a change of token needs two ids
@@ -23,15 +33,6 @@ def causal_outputs(case: Case) -> Plan:
     """Logits at positions < i do not depend on tokens at positions >= i (causal models)."""
     model, cfg = case.model, case.cfg
     vocab = cfg.d_vocab
-
-    @st.composite
-    def strategy(draw):
-        x = draw(token_batches(vocab, max_batch=2, min_len=2, max_len=max_len(cfg)))
-        n = x.shape[1]
-        cut = draw(st.integers(1, n - 1))
-        # each changed token moves by 1..vocab-1 ids, so it really changes; shrinks towards +1
-        shifts = draw(st.lists(st.integers(1, vocab - 1), min_size=n - cut, max_size=n - cut))
-        return x, cut, shifts
 
     def changed(example):
         x, cut, shifts = example
@@ -50,4 +51,4 @@ def causal_outputs(case: Case) -> Plan:
         x, cut, _ = example
         return f"tokens={x.tolist()} changed from pos {cut} to {changed(example).tolist()}"
 
-    return Plan(strategy(), measure, describe)
+    return Plan(_cut_and_shifts(vocab, max_len(cfg)), measure, describe)

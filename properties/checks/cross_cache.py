@@ -17,7 +17,7 @@ import torch
 from hypothesis import strategies as st
 
 from harness.adapters.protocol import CACHED_DECODING, call_model, has_cached_decoding, model_device
-from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, fmt, max_len, scaled_deviation
+from properties.checks._common import LOGIT_RTOL, LOGIT_RULE, draw_chunks, fmt, max_len, scaled_deviation
 from properties.checks._seq2seq import HIDDEN, seq2seq_only, source_examples
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, model_property
@@ -33,6 +33,12 @@ def _decodes(model: Any) -> Optional[str]:
     return reason
 
 
+@st.composite  # at module level: see properties/strategies.py's token_batches
+def _source_and_chunks(draw, prompts, d_vocab: int, new_max: int):
+    ex = draw(prompts)
+    return ex, draw_chunks(draw, d_vocab, ex.tokens.shape[0], new_max, MAX_CHUNK)
+
+
 @model_property(name="cross_kv_cache", order=210, calibrated=True, tolerance=LOGIT_RTOL, rule=LOGIT_RULE,
                 applies=Applies(min_ctx=2, reason="n_ctx < 2", when=_decodes,
                                 when_doc=f"encoder-decoders (cfg.is_encoder_decoder) with {CACHED_DECODING}"),
@@ -43,16 +49,7 @@ def cross_kv_cache(case: Case) -> Plan:
     new_max = min(MAX_NEW, cfg.n_ctx - 1)
     prompts = source_examples(cfg).filter(lambda ex: ex.tokens.shape[1] + new_max <= max_len(cfg))
 
-    @st.composite
-    def strategy(draw):
-        ex = draw(prompts)
-        chunks, left = [], new_max
-        while left > 0 and (not chunks or draw(st.booleans())):  # shrinks towards one chunk of one token
-            size = draw(st.integers(1, min(MAX_CHUNK, left)))
-            row = st.lists(st.integers(0, cfg.d_vocab - 1), min_size=size, max_size=size)
-            chunks.append(draw(st.lists(row, min_size=ex.tokens.shape[0], max_size=ex.tokens.shape[0])))
-            left -= size
-        return ex, chunks
+    strategy = _source_and_chunks(prompts, cfg.d_vocab, new_max)
 
     def measure(example):
         ex, chunks = example
@@ -82,4 +79,4 @@ def cross_kv_cache(case: Case) -> Plan:
         ex, chunks = example
         return ex.describe() + f" then chunks={chunks}"
 
-    return Plan(strategy(), measure, describe, info=lambda: f"decoded through {CACHED_DECODING}")
+    return Plan(strategy, measure, describe, info=lambda: f"decoded through {CACHED_DECODING}")

@@ -38,6 +38,15 @@ def _vectors(d: int):
     return st.lists(ints, min_size=d, max_size=d).map(lambda v: torch.tensor(v, dtype=torch.float64))
 
 
+@st.composite  # at module level: see properties/strategies.py's token_batches
+def _vectors_and_positions(draw):
+    d = 2 * draw(st.integers(1, 8))
+    # fixed-size draws cut to d, so shrinking d does not invalidate the vectors drawn after it
+    q, k = draw(_vectors(16))[:d], draw(_vectors(16))[:d]
+    m, n, s = (draw(st.integers(0, MAX_POS)) for _ in range(3))
+    return q, k, m, n, s
+
+
 @component_property(name="rotary_formula", order=10, tolerance=TOLERANCE,
                     rule="relative to max(1, |q||k|), in float64: angles up to 4096 rad carry ~1e-12 absolute error",
                     applies_to="a rotary function rotary(x, positions); default harness.model.positions")
@@ -46,14 +55,6 @@ def rotary_formula(rotary: Optional[RotaryFn] = None) -> Plan:
     rotate = rotary or harness_rotary
     if not callable(rotate):
         raise AttnlabTypeError(f"rotary must be a callable (x, positions) -> rotated x, got {type(rotate).__name__}")
-
-    @st.composite
-    def strategy(draw):
-        d = 2 * draw(st.integers(1, 8))
-        # fixed-size draws cut to d, so shrinking d does not invalidate the vectors drawn after it
-        q, k = draw(_vectors(16))[:d], draw(_vectors(16))[:d]
-        m, n, s = (draw(st.integers(0, MAX_POS)) for _ in range(3))
-        return q, k, m, n, s
 
     def measure(example):
         q, k, m, n, s = example
@@ -68,4 +69,4 @@ def rotary_formula(rotary: Optional[RotaryFn] = None) -> Plan:
         q, k, m, n, s = example
         return f"d_head={q.numel()} q={[int(v) for v in q.tolist()]} k={[int(v) for v in k.tolist()]} m={m} n={n} s={s}"
 
-    return Plan(strategy(), measure, describe)
+    return Plan(_vectors_and_positions(), measure, describe)

@@ -23,6 +23,14 @@ MAX_OFFSET = 256
 NORM_RTOL = 1e-5
 
 
+@st.composite  # at module level: see properties/strategies.py's token_batches
+def _two_offsets(draw, d_vocab: int, n_ctx: int, longest: int):
+    x = draw(token_batches(d_vocab, max_batch=2, max_len=longest))
+    top = max(1, min(MAX_OFFSET, n_ctx - x.shape[1]))
+    second = draw(position_offsets(top, min_offset=1))
+    return x, draw(st.integers(0, second - 1)), second
+
+
 @model_property(name="rotary_norm", order=100, calibrated=True, local_floor=True, tolerance=NORM_RTOL,
                 rule="relative to the head vector's norm: a float32 rotation changes a norm by ~3 * 2^-24",
                 applies=Applies(positional=("rotary",),
@@ -39,13 +47,6 @@ def rotary_norm(case: Case) -> Plan:
     resid = f"blocks.{layer}.hook_resid_pre"
     patchable = hook_gap(model, [resid], case.observed) is None
     longest = max(1, min(max_len(cfg), cfg.n_ctx - 1))
-
-    @st.composite
-    def strategy(draw):
-        x = draw(token_batches(cfg.d_vocab, max_batch=2, max_len=longest))
-        top = max(1, min(MAX_OFFSET, cfg.n_ctx - x.shape[1]))
-        second = draw(position_offsets(top, min_offset=1))
-        return x, draw(st.integers(0, second - 1)), second
 
     def norms(t):
         t = t.double()
@@ -82,4 +83,4 @@ def rotary_norm(case: Case) -> Plan:
         (f"{style} pairs" if style else "pair layout undeclared: whole-vector norms")
     if not patchable:
         layout += f"; layer-{layer} input not patched (hook_resid_pre unobserved)"
-    return Plan(strategy(), measure, describe, info=lambda: layout)
+    return Plan(_two_offsets(cfg.d_vocab, cfg.n_ctx, longest), measure, describe, info=lambda: layout)

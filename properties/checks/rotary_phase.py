@@ -60,6 +60,14 @@ def _default_rope(model: Any) -> Optional[str]:
     return None if getattr(model.cfg, "rope_type", None) in (None, "default") else ""
 
 
+@st.composite  # at module level: see properties/strategies.py's token_batches
+def _far_offsets(draw, d_vocab: int, n_ctx: int, longest: int):
+    x = draw(token_batches(d_vocab, max_batch=2, max_len=longest))
+    top = n_ctx - x.shape[1]
+    # the far end of the context first: precision is lost with position
+    return x, draw(st.one_of(st.just(top), st.integers(1, top)))
+
+
 @model_property(name="rotary_precision", order=160, tolerance=TOLERANCE,
                 rule="the error over its allowance 16 u_dtype + 32 (p + n) u_32 of |rot_q| (u: unit roundoff)",
                 applies=Applies(positional=("rotary",), min_ctx=2, when=_default_rope,
@@ -78,13 +86,7 @@ def rotary_precision(case: Case) -> Plan:
     dim, style, base = rotary_design(cfg)
     first, direction = rotary_span(cfg)  # the first rotated feature (MLA: the last rotary_dim turn)
     n_max = max_len(cfg, cap=4)
-
-    @st.composite
-    def strategy(draw):
-        x = draw(token_batches(cfg.d_vocab, max_batch=2, max_len=min(n_max, cfg.n_ctx - 1)))
-        top = cfg.n_ctx - x.shape[1]
-        # the far end of the context first: precision is lost with position
-        return x, draw(st.one_of(st.just(top), st.integers(1, top)))
+    strategy = _far_offsets(cfg.d_vocab, cfg.n_ctx, min(n_max, cfg.n_ctx - 1))
 
     def measure(example):
         x, offset = example
@@ -114,4 +116,4 @@ def rotary_precision(case: Case) -> Plan:
             f"{fmt(top * 2 * allow)} of |q||k| between offset 0 and {offset} (allowed {fmt(2 * allow)})"))
         return worst, where
 
-    return Plan(strategy(), measure, offset_text)
+    return Plan(strategy, measure, offset_text)

@@ -27,15 +27,13 @@ import math
 from typing import Any
 
 import torch
-from hypothesis import strategies as st
 
 from harness.adapters.protocol import all_heads
 from properties import design
-from properties.checks._common import fmt, max_len, where_max
+from properties.checks._common import fmt, tokens_and_offset, where_max
 from properties.precision import forward_capture
 from properties.registry import Case, Plan, model_property
 from properties.search import offset_text
-from properties.strategies import position_offsets, token_batches
 
 TOLERANCE = 1e-4
 MASK_CEILING = -1e4
@@ -97,12 +95,7 @@ def attention_scale(case: Case) -> Plan:
     if pos_type == "alibi":
         design.alibi_design(cfg)  # a bad declaration is an error before any work
     fit = {layer: [0.0, 0.0] for layer in names}  # least-squares sums: sum(score * qk), sum(qk^2)
-    n_max = max_len(cfg)
-
-    @st.composite
-    def strategy(draw):
-        x = draw(token_batches(cfg.d_vocab, max_batch=2, max_len=n_max))
-        return x, draw(position_offsets(min(MAX_OFFSET, cfg.n_ctx - x.shape[1])))  # positions stay < n_ctx
+    strategy = tokens_and_offset(cfg, 0, MAX_OFFSET, max_batch=2)  # positions stay < n_ctx
 
     def measure(example):
         x, offset = example
@@ -168,7 +161,7 @@ def attention_scale(case: Case) -> Plan:
             parts.append(f"ALiBi {design.alibi_design(cfg)[1]}")
         return "; ".join(parts)
 
-    return Plan(strategy(), measure, offset_text, info)
+    return Plan(strategy, measure, offset_text, info)
 
 
 def _per_layer_text(values: list[float]) -> str:

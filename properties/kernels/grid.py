@@ -171,5 +171,12 @@ NAMES = tuple(r.name for r in ROWS)
 
 
 def strategy(row: Row, caps: Capabilities, dtype: str) -> st.SearchStrategy[Case]:
-    return st.composite(lambda draw: row.draw(draw, caps, dtype))()
+    return _case(row, caps, dtype)
+
+
+# at module level: @st.composite reads the source of the function it decorates, which a composite made per search
+# would do at every search
+@st.composite
+def _case(draw, row: Row, caps: Capabilities, dtype: str) -> Case:
+    return row.draw(draw, caps, dtype)
 
