@@ -37,7 +37,8 @@ def value_forms(value: Any) -> list[str]:
     """Ways a message may spell ``value``: its repr, its str, and as a number after parsing."""
     forms = [repr(value), str(value)]
     if isinstance(value, str):
-        forms += [" ".join(value.split()), repr(value)[1:-1]]
+        # the CLI strips a key=value key: " \ud7fc=1" is named as its repr without the space, ['\ud7fc']
+        forms += [" ".join(value.split()), repr(value)[1:-1], repr(" ".join(value.split()))[1:-1]]
         try:
             number = float(value)
         except ValueError:
