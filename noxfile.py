@@ -5,8 +5,8 @@ after the CPU torch wheel), so a session costs test time, not install time.
     nox -s tests        the fast tier (~7 minutes on 2 cores): unit, reference-equivalence, mutation,
                         CLI, resource and untrusted-file tests, and the fuzz at the ci profile's budget
     nox -s slow         the slow tier (tests marked slow): DDP, SIGINT/SIGKILL trials, learning runs, the
-                        census on Ray (where `attnlab[ray]` is installed; it skips otherwise), then the full
-                        fuzz (the fuzz modules at the thorough profile)
+                        census on a local Ray instance (Ray is in the test extra; the test skips without it),
+                        then the full fuzz (the fuzz modules at the thorough profile)
     nox -s properties   hypothesis property tests over many generated configurations
     nox -s bench        side-by-side benchmarks, short mode (ATTNLAB_BENCH=full for the full table)
     nox -s lint         ruff and the import-layer contracts (lint-imports)

@@ -41,6 +41,13 @@ OOM = "Ray's memory monitor killed the worker process (its node ran out of memor
 MEMORY = 2**30  # Ray's memory request per task: a census worker peaks near 0.5 GB (torch, transformers, a tiny model)
 GRACE_S = 15.0  # Ray's deadline is the item's budget plus this: the alarm inside the task, which names the stage, wins
 CONNECT_S = 5.0  # how long --address gets to answer
+# How a local Ray instance is started. Ray runs its workers at niceness 15 by default, below everything else on the
+# machine; a census task's budget is wall-clock time, so on a busy machine starved workers would turn into timed-out
+# rows that the local pool (whose forked workers keep this process's niceness) does not produce. The local instance
+# runs its workers at this process's niceness instead, so the two executors see the same machine. (A cluster at
+# --address keeps the settings whoever started it chose.)
+LOCAL_RAY: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                                 _system_config={"worker_niceness": 0})
 
 
 class TimedOut(BaseException):
@@ -221,9 +228,11 @@ class RayCluster(Executor):
     def _connect(self, address: Optional[str]) -> None:
         where = f"--address {address}" if address is not None else "a local Ray instance"
         try:
-            # "local": a fresh instance on this machine, never one found through RAY_ADDRESS or a stale record
-            self._ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
-                           logging_level=logging.WARNING)
+            if address is None:  # a fresh instance on this machine, never one found via RAY_ADDRESS or a stale record
+                self._ray.init(address="local", **LOCAL_RAY)
+            else:
+                self._ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                               logging_level=logging.WARNING)
         except Exception as exc:  # the address is the user's: any refusal of it is bad input, in one line
             raise AttnlabError(f"{where}: Ray could not connect ({type(exc).__name__}: {exc}); start a cluster with "
                                f"`ray start --head` or omit --address to start a local one") from None
