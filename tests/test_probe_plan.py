@@ -217,6 +217,29 @@ def test_the_replanned_redundancy_is_dropped_and_said_when_the_budget_left_canno
     assert replanning.redundancy(step, SMOL, 7.0, curve, 0.01, 3, left=None)[0] is not None  # no budget: runs
 
 
+def test_the_estimators_curves_are_replanned_from_how_far_the_prune_curve_walked():
+    """Each estimator's curve stops at its first mask past the largest budget (10%): before the prune curve has
+    run, about half the masks; after it, as far as its longest sampled walk. An untrained model that never
+    breaks runs every mask of every curve (a slowed 6-layer Llama planned 106 passes of estimators, ran 163 and
+    was stopped at the deadline, unsaved). Four curves without L0 gates, five with them."""
+    before = {v.name: v.passes for v in plan.variants("estimators", SMOL)}
+    l0 = before["with l0_gates"] - 5 * 271 / 2
+    assert before["without l0_gates"] == 4 * 271 / 2 and l0 == pytest.approx(plan.L0_STEPS * 10 / 10 * 3)
+    assert plan.longest_walk(_curve({None: 27, 0: 54, 1: 27}), 0.1, 270) == 54
+    assert plan.longest_walk(_curve({None: 999, 0: 27}), 0.1, 270) == 270  # the importance order never broke
+    assert plan.longest_walk(_curve({None: 27, 0: 54}), 0.6, 270) == 270  # 3.0 is not past 2.0 x 1.6
+    after = {v.name: v.passes for v in plan.variants("estimators", dataclasses.replace(SMOL, walk=54))}
+    assert after == {"without l0_gates": 4 * 55, "with l0_gates": 5 * 55 + l0}
+    unbroken = {v.name: v.passes for v in plan.variants("estimators", dataclasses.replace(SMOL, walk=270))}
+    assert unbroken["without l0_gates"] == 4 * 271
+    # the re-plan after the prune curve reads it (at the estimators' largest budget, not the run's tolerance)
+    ctx = type("Ctx", (), {"has_estimates": lambda self: False, "results": {"prune_curve": _curve({None: 999})}})()
+    step = plan.Step("prune_curve", plan.Variant("11 points", 40.0), 60.0, 40.0)
+    assert replanning.measured(1.5, SMOL, step, 60.0, 40.0, ctx)[1].walk == 270
+    ctx.results["prune_curve"] = _curve({None: 27, 0: 54})
+    assert replanning.measured(1.5, SMOL, step, 60.0, 40.0, ctx)[1].walk == 54
+
+
 # SmolLM2-135M through HFAdapter (prefix reuse): the unembedding and loss are ~a fifth of a pass (measured tail)
 SMOL_REUSE = plan.Shape(n_layers=30, n_heads=9, sequences=10, seeds=3, prefix_reuse=True, masks_per_pass=1,
                         exact_top=8, pos=128, tail=0.2)
@@ -349,7 +372,7 @@ def test_a_method_that_ran_no_pass_measures_no_rate():
     """importance_attribution reads the gradient method's attribution pass: its 0 s must not make the next re-plan
     think passes are free (a SmolLM2 run re-planned at 0.0003 s per pass and put back 13 min of estimators)."""
     step = plan.Step("importance_attribution", plan.Variant("one fwd+bwd", 3.0, shared=3.0), 4.0, 2.6)
-    ctx = type("Ctx", (), {"has_estimates": lambda self: False})()
+    ctx = type("Ctx", (), {"has_estimates": lambda self: False, "results": {}})()
     assert replanning.measured(1.5, SMOL_REUSE, step, 0.01, 0.0, ctx)[0] == 1.5
     # nor does a forward + backward: its passes are the first pass's estimate of the backward (a run whose timed
     # backward chunk paid one-off costs re-planned at 0.64 s per pass, then ran leave-one-out at 1.5)

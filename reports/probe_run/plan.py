@@ -59,6 +59,9 @@ class Shape:
     # the attribution pass has ranked them: a re-plan sets it); absent: the mean over all heads
     top_depth: tuple[tuple[str, float], ...] = ()
     jsd_per_s: float = JSD_ELEMENTS_PER_S  # the similarity's divergence elements per second, timed
+    # heads an estimator's curve prunes before the model breaks, read from this run's prune curve once it has run
+    # (a re-plan sets it: :func:`longest_walk`); None: about half the heads
+    walk: Optional[int] = None
 
     @property
     def heads(self) -> int:
@@ -171,10 +174,14 @@ def variants(method: str, shape: Shape) -> list[Variant]:
     if method == "patterns":
         return [Variant("one sequence", PATTERN / shape.sequences)]
     if method == "estimators":
-        stopped = 4 * shape.masked(N + 1) / 2  # each curve stops past the largest budget: about half of it
+        # one curve per estimator (probes.compare.ESTIMATORS: ablation, mean_ablation, gradient, random, and
+        # l0_gates where its training fits), each stopping at its first mask past the largest budget: as far as
+        # the prune curve walked before breaking (an untrained model may never break: every mask), or before that
+        # curve has run, about half the masks
+        curve = shape.masked(N + 1) / 2 if shape.walk is None else shape.masked(shape.walk + 1)
         l0 = L0_STEPS * min(L0_ROWS, shape.sequences) / shape.sequences * grad
-        return [Variant("with l0_gates", stopped + l0),
-                Variant("without l0_gates", stopped, "estimators: without l0_gates (its training does not fit)")]
+        return [Variant("with l0_gates", 5 * curve + l0),
+                Variant("without l0_gates", 4 * curve, "estimators: without l0_gates (its training does not fit)")]
     raise AttnlabError(f"unknown probe method {method!r}: expected one of {', '.join(METHODS)}")
 
 
@@ -249,17 +256,31 @@ def redundancy_after_curve(shape: Shape, curve: Any, tolerance: float, seeds: in
     earlier, never later). A random order the curve did not sample walks as far as the longest it did. The plan
     made before any pass assumed about two passes a walk; SmolLM2-135M walked about ten (4.9 min against ~71 s).
     """
-    base = float(curve.loc[curve.n_pruned == 0, "loss"].iloc[0])
-    walks: dict[str, list[int]] = {"importance": [], "random": []}
-    for (order, _), g in curve.groupby(["order", "seed"], dropna=False, sort=False):
-        broken = g[g.loss > base * (1 + tolerance)].sort_values("n_pruned")
-        walks[str(order)].append(int(broken.n_pruned.iloc[0]) if len(broken) else shape.heads)
+    walks = _walks(curve, tolerance, shape.heads)
     importance = walks["importance"] or [shape.heads]
     random = (walks["random"] + [max(walks["random"] or [shape.heads])] * seeds)[:seeds]
     passes = 1 + sum(shape.masked(w) for w in [*importance, *random])
     if full:
         passes += shape.n_layers * 2 + shape.masked(shape.heads + 1)
     return passes
+
+
+def longest_walk(curve: Any, tolerance: float, heads: int) -> int:
+    """Heads pruned before the model breaks (loss above baseline * (1 + ``tolerance``)) along the longest walk of
+    this run's prune curve, at its sampled points (``heads`` where an order never breaks). It plans the estimator
+    comparison's curves, which prune in other orders (each estimator's ranking) up to the same kind of break: an
+    order the curve did not sample is taken to walk as far as the longest it did."""
+    return max(w for walks in _walks(curve, tolerance, heads).values() for w in walks)
+
+
+def _walks(curve: Any, tolerance: float, heads: int) -> dict[str, list[int]]:
+    """Per order of a prune curve (importance, random), each sampled walk's first broken point (``heads``: none)."""
+    base = float(curve.loc[curve.n_pruned == 0, "loss"].iloc[0])
+    walks: dict[str, list[int]] = {"importance": [], "random": []}
+    for (order, _), g in curve.groupby(["order", "seed"], dropna=False, sort=False):
+        broken = g[g.loss > base * (1 + tolerance)].sort_values("n_pruned")
+        walks[str(order)].append(int(broken.n_pruned.iloc[0]) if len(broken) else heads)
+    return walks
 
 
 def replan(current: Plan, methods: Sequence[str], shape: Shape, seconds_per_pass: float, left_s: Optional[float],

@@ -2,8 +2,9 @@
 
 The plan made before any work (:mod:`reports.probe_run.plan`) rests on one timed pass. A shared machine's load
 moves the rate, and some costs are known only once earlier methods have run (the top candidates' layers, the
-walks of redundancy, which the prune curve bounds), so the methods left are planned again as each one finishes:
-they fall back, are dropped or come back as the time left allows, and the run says what changed.
+walks of redundancy and the estimators' curves, which the prune curve bounds), so the methods left are planned
+again as each one finishes: they fall back, are dropped or come back as the time left allows, and the run says
+what changed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from reports.probe_run.plan import Plan, Shape, Step, fmt_seconds, redundancy_after_curve, replan
+from probes.compare import BUDGETS
+from reports.probe_run.plan import Plan, Shape, Step, fmt_seconds, longest_walk, redundancy_after_curve, replan
 from reports.probe_run.progress import Progress
 from reports.probe_run.steps import Context, top_depth
 
@@ -43,6 +45,8 @@ def measured(rate: float, shape: Shape, step: Step, span: float, ran: float, ctx
     if not shape.top_depth and ctx.has_estimates():
         shape = dataclasses.replace(shape, top_depth=top_depth(
             shape, {m: ctx.estimate(m) for m in ("ablation", "mean_ablation")}))
+    if shape.walk is None and "prune_curve" in ctx.results:  # how far the estimators' curves walk
+        shape = dataclasses.replace(shape, walk=longest_walk(ctx.results["prune_curve"], max(BUDGETS), shape.heads))
     return rate, shape
 
 
