@@ -46,8 +46,8 @@ CONNECT_S = 5.0  # how long --address gets to answer
 # rows that the local pool (whose forked workers keep this process's niceness) does not produce. The local instance
 # runs its workers at this process's niceness instead, so the two executors see the same machine. (A cluster at
 # --address keeps the settings whoever started it chose.)
-LOCAL_RAY: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                                 _system_config={"worker_niceness": 0})
+RAY_INIT: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+LOCAL_RAY: dict[str, Any] = {**RAY_INIT, "_system_config": {"worker_niceness": 0}}
 
 
 class TimedOut(BaseException):
@@ -228,11 +228,8 @@ class RayCluster(Executor):
     def _connect(self, address: Optional[str]) -> None:
         where = f"--address {address}" if address is not None else "a local Ray instance"
         try:
-            if address is None:  # a fresh instance on this machine, never one found via RAY_ADDRESS or a stale record
-                self._ray.init(address="local", **LOCAL_RAY)
-            else:
-                self._ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                               logging_level=logging.WARNING)
+            # "local": a fresh instance on this machine, never one found through RAY_ADDRESS or a stale record
+            self._ray.init(address=address or "local", **(LOCAL_RAY if address is None else RAY_INIT))
         except Exception as exc:  # the address is the user's: any refusal of it is bad input, in one line
             raise AttnlabError(f"{where}: Ray could not connect ({type(exc).__name__}: {exc}); start a cluster with "
                                f"`ray start --head` or omit --address to start a local one") from None

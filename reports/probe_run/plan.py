@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from harness.errors import AttnlabError
+from probes.compare import ESTIMATORS
 
 # Every method `attnlab probe` runs, in the order it runs them (a later one reads an earlier one's result).
 METHODS = ("importance_gradient", "importance_attribution", "importance_ablation", "importance_mean_ablation",
@@ -174,14 +175,14 @@ def variants(method: str, shape: Shape) -> list[Variant]:
     if method == "patterns":
         return [Variant("one sequence", PATTERN / shape.sequences)]
     if method == "estimators":
-        # one curve per estimator (probes.compare.ESTIMATORS: ablation, mean_ablation, gradient, random, and
-        # l0_gates where its training fits), each stopping at its first mask past the largest budget: as far as
-        # the prune curve walked before breaking (an untrained model may never break: every mask), or before that
-        # curve has run, about half the masks
+        # one curve per estimator (probes.compare.ESTIMATORS, l0_gates only where its training fits), each
+        # stopping at its first mask past the largest budget: as far as the prune curve walked before breaking (an
+        # untrained model may never break: every mask), or before that curve has run, about half the masks
         curve = shape.masked(N + 1) / 2 if shape.walk is None else shape.masked(shape.walk + 1)
         l0 = L0_STEPS * min(L0_ROWS, shape.sequences) / shape.sequences * grad
-        return [Variant("with l0_gates", 5 * curve + l0),
-                Variant("without l0_gates", 4 * curve, "estimators: without l0_gates (its training does not fit)")]
+        return [Variant("with l0_gates", len(ESTIMATORS) * curve + l0),
+                Variant("without l0_gates", (len(ESTIMATORS) - 1) * curve,
+                        "estimators: without l0_gates (its training does not fit)")]
     raise AttnlabError(f"unknown probe method {method!r}: expected one of {', '.join(METHODS)}")
 
 
