@@ -123,6 +123,12 @@ class AdapterConfig(DesignFacts):
     # Not a design fact: finite_outputs also runs each input with it in front, since a trained model's
     # activations on <bos> can be far larger than on any other token (Gemma-3 overflows float16 on it).
     bos_token_id: Optional[int] = None
+    # The declaration itself, where the model has one: the Hugging Face (text) config the design oracle
+    # (harness.oracle) computes the expected design from, and the model's layer index of each checked layer (a
+    # hybrid stack checks only its attention layers). Not design facts: the oracle reads the config, never these
+    # fields' neighbours, which are what the model does.
+    source_config: Any = None
+    layer_ids: Optional[tuple[int, ...]] = None
 
     @property
     def alibi(self) -> bool:

@@ -24,6 +24,7 @@ from harness.adapters import source_text
 from harness.adapters.design_facts import AdapterConfig
 from harness.adapters.hf_positions import falcon_alibi_slopes, length_dependence
 from harness.errors import AttnlabTypeError
+from harness.oracle import usable_context
 
 # Architectures whose ALiBi bias is slope * key_index (Bloom's build_alibi_tensor, Falcon's copy
 # of it, MPT's slope * (key - last)): it differs from Press et al.'s slope * (key - query) by a
@@ -401,6 +402,8 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
     causal = all(getattr(a, "is_causal", default_causal) or _decoder_masked_causally(a)
                  for a in attn_modules if a is not None)
     n_ctx = _int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length") or 2048
+    usable = usable_context(config)  # a fairseq-numbered table (RoBERTa) serves 2 positions fewer than its rows
+    n_ctx = usable.value if usable.known and pos == "standard" else n_ctx
     qk_norm = any(getattr(attn0, name, None) is not None for name in ("q_norm", "q_layernorm"))
     return AdapterConfig(
         adapter="HFAdapter", n_layers=n_layers, n_heads=int(n_heads), d_head=d_head, d_model=int(d_model),
@@ -420,7 +423,7 @@ def read_design(hf_model: nn.Module, attn_modules: list[Optional[nn.Module]], d_
         bos_token_id=_bos(config), attention_sinks=_sinks(attn_modules),
         absolute_positions=_absolute_positions(module) or (length_dependence(config, n_ctx) if rotary else None),
         key_score_bias=callable(getattr(attn0, "prepare_dynamic_mask", None)),  # Doge's dynamic mask attention
-        expert_capacity=expert_capacity(hf_model),
+        expert_capacity=expert_capacity(hf_model), source_config=config, layer_ids=tuple(ids),
     )
 
 

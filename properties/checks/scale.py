@@ -18,6 +18,12 @@ head (a key seen by one query is then not compared). The deviation is over
 summation order, ~d_head * 2^-24 relative. Masked entries must be <= -1e4 (their softmax weight
 then underflows to 0); a masked entry above that counts as its excess over -1e4.
 
+The expected scale is the design oracle's (``harness.oracle.scale``: from the config and the papers, e.g.
+Gemma 2's ``query_pre_attn_scalar**-0.5``), never the module's own attribute, which a wrong port keeps too
+(llama.cpp #8444). Where the oracle cannot say (no config, a scale field it does not know) the row takes the
+factor the model declares and says so. A model that scales q before its kernel (OPT's ``query_prescale``, so
+hook_q is already scaled and the scores apply 1.0) has that factor compared with the oracle's, relative.
+
 The row's reason reports the scale measured by least squares against 1/sqrt(d_head), as information.
 """
 
@@ -29,7 +35,7 @@ from typing import Any
 import torch
 
 from harness.adapters.protocol import all_heads
-from properties import design
+from properties import declared, design
 from properties.checks._common import fmt, tokens_and_offset, where_max
 from properties.precision import forward_capture
 from properties.registry import Case, Plan, model_property
@@ -88,7 +94,13 @@ def attention_scale(case: Case) -> Plan:
     model, cfg = case.model, case.cfg
     pos_type = cfg.positional_embedding_type
     names = {layer: list(case.hooks[3 * layer: 3 * layer + 3]) for layer in range(cfg.n_layers)}
-    scales = [design.attn_scale(cfg, layer) for layer in range(cfg.n_layers)]
+    oracle = [declared.scale(cfg, layer) for layer in range(cfg.n_layers)]
+    prescale = getattr(cfg, "query_prescale", None)
+    # the oracle's factor is on hook_q . hook_k, unless the model applies it to q before hook_q (then it is compared
+    # with that prescale, and the scores' own factor is the declared 1.0)
+    scales = [fact.value if fact.known and prescale is None else design.attn_scale(cfg, layer)
+              for layer, fact in enumerate(oracle)]
+    sources = [fact.source if fact.known and prescale is None else "declared by the model" for fact in oracle]
     cap = design.softcap(cfg)
     relative = getattr(cfg, "relative_attention_bias", False) is True
     per_key = getattr(cfg, "key_score_bias", False) is True
@@ -102,6 +114,10 @@ def attention_scale(case: Case) -> Plan:
         _, acts = forward_capture(model, x, position_offset=offset, capture=[n for v in names.values() for n in v])
         n = x.shape[1]
         worst, where = 0.0, "scores match"
+        if prescale is not None and oracle[0].known:
+            worst = abs(float(prescale) / oracle[0].value - 1.0)
+            where = (f"q is scaled by {fmt(float(prescale))} before the kernel, expected {fmt(oracle[0].value)} "
+                     f"({oracle[0].source})")
         for layer, (q_name, k_name, s_name) in names.items():
             allowed = design.allowed_keys(cfg, layer, n)
             q = all_heads(acts[q_name].double(), cfg.n_heads)
@@ -134,7 +150,8 @@ def attention_scale(case: Case) -> Plan:
                 b, h, i, j = where_max(err)
                 where = (f"layer {layer} head {h} (q {i}, k {j}, row {b}): score {fmt(float(scores[b, h, i, j]))}, "
                          f"expected {fmt(float(expected[b, h, i, j] + bias[h, i, j]))} "
-                         f"(q.k * {fmt(scales[layer])}" + (f", soft-cap {fmt(cap)}" if cap is not None else "")
+                         f"(q.k * {fmt(scales[layer])} from {sources[layer]}"
+                         + (f", soft-cap {fmt(cap)}" if cap is not None else "")
                          + (f", ALiBi bias {fmt(float(bias[h, i, j]))}" if pos_type == "alibi" else "") + ")"
                          + (" modulo a per-query constant" if modulo_query else "")
                          + (" modulo a learned bias per head and offset i - j" if relative else "")
@@ -151,7 +168,11 @@ def attention_scale(case: Case) -> Plan:
     def info() -> str:
         textbook = 1.0 / math.sqrt(cfg.d_head)
         measured = [num / den if den > 0 else math.nan for num, den in fit.values()]
-        parts = [f"1/sqrt(d_head)={fmt(textbook)}", "declared scale " + _per_layer_text(scales)]
+        parts = [f"1/sqrt(d_head)={fmt(textbook)}", "expected scale " + _per_layer_text(scales)
+                 + " (" + "; ".join(dict.fromkeys(sources)) + ")"]
+        missing = next((fact.unknown for fact in oracle if not fact.known), "")
+        if missing:
+            parts.append(f"the oracle has no scale: {missing}")
         if cap is None:
             parts.append("measured " + _per_layer_text(measured) + " = "
                          + _per_layer_text([m / textbook for m in measured]) + " x 1/sqrt(d_head)")

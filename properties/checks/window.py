@@ -65,13 +65,7 @@ def sliding_window(case: Case) -> Plan:
     causal = cfg.attention_dir == "causal"
     # reach past the smallest window by a few keys, so that both edges of the window are seen: a real
     # checkpoint's window (Gemma-3: 512) takes inputs that long, one row each (a few seconds per pass)
-    longest = min(cfg.n_ctx, max(MAX_LEN, min(w for _, w in layers) + 3))
-    if longest <= MAX_WINDOW_LEN:
-        strategy = token_batches(cfg.d_vocab, max_batch=2, min_len=min(2, longest), max_len=longest)
-    elif longest <= LONGEST_DRAWN:
-        strategy = token_batches(cfg.d_vocab, max_batch=1, min_len=longest, max_len=longest)
-    else:  # thousands of tokens (Gemma-2's window of 4096): rows from drawn seeds
-        strategy = long_token_batches(cfg.d_vocab, longest)
+    longest, strategy = past_the_edge(cfg, min(w for _, w in layers))
     scores = {layer: f"blocks.{layer}.attn.hook_attn_scores" for layer, _ in layers}
     scores = {layer: name for layer, name in scores.items() if name in case.observed}
 
@@ -98,6 +92,17 @@ def sliding_window(case: Case) -> Plan:
         return worst, where
 
     return Plan(strategy, measure, tokens=longest if longest > MAX_WINDOW_LEN else 0)
+
+
+def past_the_edge(cfg: Any, window: int) -> tuple[int, Any]:
+    """(the longest length, a strategy of unpadded batches) reaching a few keys past ``window``, within n_ctx."""
+    longest = min(cfg.n_ctx, max(MAX_LEN, window + 3))
+    if longest <= MAX_WINDOW_LEN:
+        return longest, token_batches(cfg.d_vocab, max_batch=2, min_len=min(2, longest), max_len=longest)
+    if longest <= LONGEST_DRAWN:
+        return longest, token_batches(cfg.d_vocab, max_batch=1, min_len=longest, max_len=longest)
+    # thousands of tokens (Gemma-2's window of 4096): rows from drawn seeds
+    return longest, long_token_batches(cfg.d_vocab, longest)
 
 
 def rounded_to_zero(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

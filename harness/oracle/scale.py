@@ -1,0 +1,81 @@
+"""The factor a layer's attention multiplies q.k by, from the config.
+
+Vaswani et al. 2017 §3.2.1 (eq. 1): softmax(QK^T / sqrt(d_k)), d_k the head width (``head_dim``, by default
+``hidden_size / num_attention_heads``). The configs that change it say so in a documented field:
+
+- ``query_pre_attn_scalar`` (Gemma 2 and 3, Gemma Team 2024 §2: "we use query_pre_attn_scalar**-0.5"):
+  the factor is its inverse square root, whatever the head width;
+- ``attention_multiplier`` (Granite, muP-style; GraniteConfig: "attention multiplier"): the factor itself;
+- GPT-2's ``scale_attn_weights`` (False: raw q.k) and ``scale_attn_by_inverse_layer_idx`` (layer l's
+  scores also divided by l + 1; GPT2Config's documentation, from Mistral/Stanford CRFM's stable training);
+- GPT-Neo: raw q.k (its Mesh-TensorFlow original applies no 1/sqrt(d_k); transformers keeps that, documented in
+  the GPT-Neo model page: "GPT-Neo does not scale the attention weights");
+- Multi-head Latent Attention (DeepSeek-V2, Liu et al. 2024 §2.1.3): d_k = qk_nope_head_dim + qk_rope_head_dim,
+  and with YaRN rope scaling the scale is multiplied by mscale(s, mscale_all_dim)^2 (DeepSeek-V2's release code,
+  ``softmax_scale = softmax_scale * mscale * mscale``; Peng et al. 2023 eq. 21's 0.1 ln s + 1 with the factor
+  ``mscale_all_dim``).
+
+A config that names a scale field this module does not know leaves the scale undetermined (a check is n/a
+and says which field), rather than assuming the textbook.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from harness.oracle.fields import Fact, head_dim, integer, model_type, rope_parameters, text_config, unknown
+
+# GPT-2's layout: its config documents scale_attn_weights and scale_attn_by_inverse_layer_idx
+GPT2_FAMILY = ("gpt2", "gpt_bigcode", "decision_transformer", "imagegpt")
+UNSCALED = ("gpt_neo",)  # raw q.k by design (see the module docstring)
+# config fields that would change the factor; a type that sets one of these and is not handled is unknown
+SCALE_FIELDS = ("attn_scale", "attention_scale", "softmax_scale", "query_scale", "scale_attn", "attn_scaling",
+                "attention_scaling", "qk_scale", "scale_qk")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's temperature term sqrt(1/t) = 0.1 ln(s) + 1 (Peng et al. 2023 eq. 21), here with a multiplier on ln s."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def scale(config: Any, layer: int) -> Fact:
+    """The factor on q.k in the model's layer ``layer`` (its index in the full stack)."""
+    c = text_config(config)
+    kind = model_type(c)
+    qpas = getattr(c, "query_pre_attn_scalar", None)
+    if isinstance(qpas, (int, float)) and not isinstance(qpas, bool) and qpas > 0:
+        return Fact(float(qpas) ** -0.5, f"query_pre_attn_scalar={qpas}: query_pre_attn_scalar**-0.5")
+    mult = getattr(c, "attention_multiplier", None)
+    if isinstance(mult, (int, float)) and not isinstance(mult, bool):
+        return Fact(float(mult), f"attention_multiplier={mult}")
+    if kind in UNSCALED:
+        return Fact(1.0, f"model_type={kind!r}: raw q.k (GPT-Neo applies no 1/sqrt(d_k))")
+    mla = integer(c, "qk_nope_head_dim"), integer(c, "qk_rope_head_dim")
+    if mla[0] is not None and mla[1] is not None:
+        return _mla(c, layer, mla[0][1], mla[1][1])
+    d, d_source = head_dim(c)
+    if kind in GPT2_FAMILY:
+        if getattr(c, "scale_attn_weights", True) is False:
+            return Fact(1.0, "scale_attn_weights=False: raw q.k")
+        value, source = d ** -0.5, f"1/sqrt({d_source})"
+        if getattr(c, "scale_attn_by_inverse_layer_idx", False) is True:
+            return Fact(value / (layer + 1), f"{source} / (layer {layer} + 1) (scale_attn_by_inverse_layer_idx=True)")
+        return Fact(value, source)
+    named = [f for f in SCALE_FIELDS if getattr(c, f, None) not in (None, False)]
+    if named:
+        return unknown(f"the config sets {named[0]}={getattr(c, named[0])!r}, a scale field the oracle does not know "
+                       f"for model_type {kind!r}")
+    return Fact(d ** -0.5, f"1/sqrt({d_source})")
+
+
+def _mla(c: Any, layer: int, nope: int, rope: int) -> Fact:
+    d = nope + rope
+    value, source = d ** -0.5, f"1/sqrt(qk_nope_head_dim={nope} + qk_rope_head_dim={rope})"
+    params, _ = rope_parameters(c, layer)
+    if params and params.get("rope_type") == "yarn" and params.get("mscale_all_dim"):
+        factor = float(params["factor"])
+        m = yarn_mscale(factor, float(params["mscale_all_dim"]))
+        return Fact(value * m * m, f"{source} * mscale(factor={factor}, mscale_all_dim="
+                                   f"{params['mscale_all_dim']})^2 = {m:.6g}^2")
+    return Fact(value, source)
