@@ -1,24 +1,37 @@
-"""HFSeq2SeqAdapter: Hugging Face encoder-decoders (BART, T5, Marian) behind the protocol's encoder-decoder part.
+"""HFSeq2SeqAdapter: Hugging Face encoder-decoders (BART, T5, Marian, and EncoderDecoderModel pairings: bert2gpt2,
+bert2bert, roberta2roberta) behind the protocol's encoder-decoder part.
 
 The adapter's logits are the model's own (compared to the raw forward exactly: it calls that forward),
 every hook it declares fires, cross-attention's K/V are computed once under cached decoding, bad source
 input is one clear error, and a model patched to break cross-attention fails the rows that must catch it.
-Tiny random models: d_model 32, 2 + 2 layers, vocabulary 96.
+Tiny random models: d_model 32, 2 + 2 layers, vocabulary 96 (the pairings 64).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from unittest import mock
 
 import pytest
 import torch
-from transformers import BartConfig, BartForConditionalGeneration
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    BertConfig,
+    BertModel,
+    EncoderDecoderConfig,
+    EncoderDecoderModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    RobertaConfig,
+)
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.models.bart import modeling_bart
+from transformers.models.gpt2 import modeling_gpt2
 from transformers.models.t5 import modeling_t5
 
 import properties
-from harness.adapters import HFAdapter, HFSeq2SeqAdapter, adapt, observed_hooks
+from harness.adapters import HFAdapter, HFSeq2SeqAdapter, adapt, hf_seq2seq, observed_hooks
 from harness.adapters.entry import describe
 from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.protocol_facts import CROSS_ATTN_HOOKS, cross_attn_hook, encoder_hook
@@ -286,3 +299,167 @@ def test_grouped_cross_attention_keys_fire_one_head_per_query_head():
         with pytest.raises(AttnlabError, match="share a key/value head"):
             adapter.run_with_hooks(tok, source_tokens=src, fwd_hooks=[(cross_attn_hook(0, "hook_v"),
                                                                       lambda t, hook: t * torch.arange(4.0)[:, None])])
+
+
+# ---- EncoderDecoderModel pairings: bert2gpt2, bert2bert, roberta2roberta -------------------------------------------
+PAIR_VOCAB = 64
+PAIRS = ("bert2gpt2", "bert2bert", "roberta2roberta")
+
+
+def _bert_like(config_class, **extra):
+    # 0.2 init (as tests/helpers/hf_models.py): attention far from uniform, so a broken mask moves the logits visibly;
+    # position tables well past what the rows draw (RoBERTa's usable context is max_position_embeddings - pad - 1)
+    return config_class(vocab_size=PAIR_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=128, initializer_range=0.2, **extra)
+
+
+def pairing(kind: str) -> EncoderDecoderModel:
+    """A tiny random ``EncoderDecoderModel`` (hidden 32, 2 + 2 layers of 4 heads, vocabulary 64): bert2gpt2 from the
+    two models, as the classic recipe builds it; bert2bert and roberta2roberta from their configs. RoBERTa keeps its
+    pad_token_id=1: its position table numbers positions from padding_idx + 1 = 2."""
+    torch.manual_seed(0)
+    if kind == "bert2gpt2":
+        gpt2 = GPT2Config(vocab_size=PAIR_VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128, initializer_range=0.2,
+                          add_cross_attention=True, is_decoder=True, bos_token_id=0, eos_token_id=0)
+        return EncoderDecoderModel(encoder=BertModel(_bert_like(BertConfig)), decoder=GPT2LMHeadModel(gpt2)).eval()
+    config_class = {"bert2bert": BertConfig, "roberta2roberta": RobertaConfig}[kind]
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(
+        _bert_like(config_class), _bert_like(config_class, is_decoder=True, add_cross_attention=True))
+    return EncoderDecoderModel(config=config).eval()
+
+
+@pytest.fixture(scope="module", params=PAIRS)
+def paired(request):
+    model = pairing(request.param)
+    return request.param, model, adapt(model)
+
+
+def test_a_pairing_is_adapted_with_every_hook_and_its_rows_run(paired):
+    """bert2gpt2 was refused whole (GPT-2's cross-attention has no k_proj to hook hook_k on); bert2bert and
+    roberta2roberta were adapted but their bare nn.Embedding position tables took "no position_ids", so every row
+    with left padding or a source was unobservable. Now every row runs: no failure, the cross rows pass."""
+    _, model, adapter = paired
+    assert type(adapter) is HFSeq2SeqAdapter and adapter.unhooked == {}
+    # every declared hook fires: hook_attn_out from BertSelfOutput.dense and GPT-2's c_proj, and the encoder's
+    # attention hooks of an EncoderDecoderModel built from two models (its BertModel's modules kept a stale config)
+    assert observed_hooks(adapter) == set(adapter.hook_dict)
+    status = {r.property: (r.status, r.reason) for r in
+              properties.check_model(adapter, seed=0, max_examples=5).itertuples()}
+    assert not model.training  # check_model gave the model back in eval mode (its dropout off)
+    assert {name: s for name, (s, _) in status.items() if s == "fail"} == {}
+    assert {name: why for name, (s, why) in status.items() if s == "unobservable" and "hook" not in why} == {}
+    assert {status[name][0] for name in CROSS_ROWS} == {"pass"}
+    assert status["padding_outputs"][0] == status["kv_cache"][0] == "pass"
+
+
+def test_a_pairings_logits_are_the_models_own(paired):
+    kind, model, adapter = paired
+    g = torch.Generator().manual_seed(1)
+    src, tok = torch.randint(3, PAIR_VOCAB, (2, 5), generator=g), torch.randint(3, PAIR_VOCAB, (2, 4), generator=g)
+    src_mask, tok_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with torch.no_grad():
+        raw = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tok, decoder_attention_mask=tok_mask)
+        ours = adapter(tok, attention_mask=tok_mask, source_tokens=src, source_mask=src_mask)
+    # bit-identical at the real positions (RoBERTa numbers right-padded tokens by their ids, the protocol by the mask:
+    # the padded positions' logits may differ and are nobody's)
+    assert ((ours - raw.logits).abs().amax(-1) * tok_mask).max().item() == 0.0
+
+
+def test_roberta_positions_are_the_protocols_from_padding_idx_plus_one():
+    """RoBERTa's table numbers positions from its token ids (a real token with the pad id takes the padding row and
+    shifts the rest) and from padding_idx + 1: the adapter gives both stacks the protocol's positions, + 2. The
+    reference is the model's own forward given those position_ids explicitly."""
+    model = pairing("roberta2roberta")
+    adapter = adapt(model)
+    pad = model.config.decoder.pad_token_id
+    src, src_mask = torch.tensor([[9, 9, 7, pad, 8]]), torch.tensor([[0, 0, 1, 1, 1]])  # left-padded, pad id inside
+    tok, tok_mask = torch.tensor([[9, 5, pad, 6]]), torch.tensor([[0, 1, 1, 1]])
+    with torch.no_grad():
+        ours = adapter(tok, attention_mask=tok_mask, source_tokens=src, source_mask=src_mask)[0, 1:]
+        given = model(input_ids=src, attention_mask=src_mask, position_ids=torch.tensor([[2, 2, 2, 3, 4]]),
+                      decoder_input_ids=tok, decoder_attention_mask=tok_mask,
+                      decoder_position_ids=torch.tensor([[2, 2, 3, 4]])).logits[0, 1:]
+        own = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tok,
+                    decoder_attention_mask=tok_mask).logits[0, 1:]
+    # the same ids through a per-row lookup and a broadcast one: float32 rounding of the masked attention only
+    torch.testing.assert_close(ours, given, atol=1e-5, rtol=1e-5)
+    assert (own - given).abs().max() > 1e-3  # the model's own numbering moves them: the imposition is not idle
+
+
+def test_gpt2s_fused_cross_kv_is_split_as_its_forward_splits_it():
+    model = pairing("bert2gpt2")
+    adapter = adapt(model)
+    src, tok = torch.tensor([[3, 4, 5, 6, 7]]), torch.tensor([[2, 3, 4]])
+    cross = model.decoder.transformer.h[0].crossattention
+    with torch.no_grad():
+        plain, cache = adapter.run_with_cache(tok, source_tokens=src)
+        encoded = model.encoder(input_ids=src).last_hidden_state
+        key, value = cross.c_attn(encoded).split(cross.split_size, dim=2)
+        assert torch.equal(cache[cross_attn_hook(0, "hook_k")], key.unflatten(-1, (4, 8)))
+        assert torch.equal(cache[cross_attn_hook(0, "hook_v")], value.unflatten(-1, (4, 8)))
+        # an edit of hook_v is the model with that half of c_attn's output edited, and no other
+        zeroed = adapter.run_with_hooks(tok, source_tokens=src,
+                                        fwd_hooks=[(cross_attn_hook(0, "hook_v"), lambda t, hook: t * 0)])
+        adapter.detach()
+        handle = cross.c_attn.register_forward_hook(
+            lambda module, args, out: torch.cat((out[..., :cross.split_size], out[..., cross.split_size:] * 0), -1))
+        try:
+            reference = model(input_ids=src, decoder_input_ids=tok).logits
+        finally:
+            handle.remove()
+    assert (zeroed - plain).abs().max() > 1e-3 and torch.equal(zeroed, reference)
+
+
+def test_gpt2s_cross_keys_are_computed_once_under_cached_decoding():
+    adapter = adapt(pairing("bert2gpt2"))
+    src, tok = torch.tensor([[3, 4, 5, 6, 7]]), torch.tensor([[2, 3, 4, 5]])
+    fired: list[str] = []
+    counting = [(cross_attn_hook(layer, h), lambda t, hook: fired.append(hook.name))
+                for layer in (0, 1) for h in ("hook_k", "hook_v")]
+    with torch.no_grad(), adapter.hooks(fwd_hooks=counting):
+        first, past = adapter.forward_with_cache(tok[:, :2], source_tokens=src)
+        assert len(fired) == 4  # k and v, once per layer, at the first call
+        second, _ = adapter.forward_with_cache(tok[:, 2:], past=past)
+        assert len(fired) == 4  # read back from the EncoderDecoderCache
+        full = adapter(tok, source_tokens=src)
+    torch.testing.assert_close(torch.cat((first, second), 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_a_cross_attention_without_findable_kv_leaves_only_its_rows_unobservable():
+    """Where the adapter finds no K/V projection (here: GPT-2's fused one unrecognised) the model is not refused:
+    hook_k/hook_v are absent, ``unhooked`` says why, cross_kv_cache (which needs hook_k) is unobservable naming it
+    and every other cross row runs."""
+    with mock.patch.object(hf_seq2seq, "FUSED_KV_NAMES", ()):
+        adapter = adapt(pairing("bert2gpt2"))
+    absent = {cross_attn_hook(layer, h) for layer in (0, 1) for h in ("hook_k", "hook_v")}
+    assert set(adapter.unhooked) == absent and not absent & set(adapter.hook_dict)
+    assert all("GPT2Attention has no k_proj" in why for why in adapter.unhooked.values())
+    frame = properties.check_model(adapter, seed=0, max_examples=5, properties=list(CROSS_ROWS))
+    status = {r.property: (r.status, r.reason) for r in frame.itertuples()}
+    assert status.pop("cross_kv_cache") == ("unobservable", f"no hook point {cross_attn_hook(0, 'hook_k')}")
+    assert {s for s, _ in status.values()} == {"pass"}
+
+
+@contextmanager
+def _gpt2_cross_attention(causal: bool):
+    """GPT-2's cross-attention reading the padded source positions (no encoder_attention_mask); with ``causal``,
+    also causal over the source (query i sees source keys 0..i only)."""
+    original = modeling_gpt2.GPT2Attention.forward
+
+    def forward(self, *args, **kwargs):
+        if kwargs.get("encoder_hidden_states") is not None:
+            kwargs["encoder_attention_mask"] = None
+            if causal:
+                kwargs["is_causal"] = True
+        return original(self, *args, **kwargs)
+    with mock.patch.object(modeling_gpt2.GPT2Attention, "forward", forward):
+        yield
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["no-source-mask", "causal-over-source"])
+def test_a_broken_gpt2_cross_attention_fails_its_rows(causal):
+    model = pairing("bert2gpt2")
+    with _gpt2_cross_attention(causal):
+        frame = properties.check_model(adapt(model), seed=0, max_examples=5, properties=list(CROSS_ROWS[:3]))
+    assert rows(frame) == {"encoder_bidirectional": "pass", "cross_attention_pattern": "fail",
+                           "source_padding_outputs": "fail"}

@@ -13,10 +13,17 @@ Hooks come from the model's modules by :class:`~harness.adapters.hf.HFAdapter`'s
 by the module (its name or a ``CrossAttention`` parent), never by key length. Its ``hook_k``/``hook_v``
 fire from the key/value projections, so they fire only when K/V are computed: during cached decoding
 transformers' ``EncoderDecoderCache`` reads them back and they stay silent (the ``cross_kv_cache`` row).
+GPT-2's cross-attention (the decoder of a bert2gpt2 ``EncoderDecoderModel``) projects K and V with one fused
+``c_attn`` that its forward splits at ``split_size``: the hooks split that output the same way. A cross-attention
+whose K/V projections the adapter cannot find keeps no ``hook_k``/``hook_v`` (``adapter.unhooked`` says why): only
+the rows that need them are unobservable, naming the hook; every other row runs.
 
 Positions follow the protocol's rule (a position counts the real tokens before it): BART-style tables
 number tokens by index, so where that differs (left padding, an offset) the adapter calls the model's own
-table module once per row with that row's ids. T5's relative bias sees only differences and needs none.
+table module once per row with that row's ids. T5's relative bias sees only differences and needs none. A bare
+``nn.Embedding`` table (BERT, GPT-2, RoBERTa inside an ``EncoderDecoderModel``) takes the ids as its input: they
+are given in the model's numbering, from 0, or from ``padding_idx + 1`` where the table keeps a padding row
+(RoBERTa numbers positions from its token ids, fairseq's make_positions, so its rows are always given the ids).
 """
 
 from __future__ import annotations
@@ -42,13 +49,16 @@ from harness.errors import AttnlabError, AttnlabTypeError
 from harness.model.hooks import active
 from harness.model.inputs import check_inputs, check_mask, check_source, check_table_positions, check_tokens
 from harness.model.positions import mask_positions
-from harness.model.protocol_facts import ADDED_POSITIONS, CROSS_ATTN_HOOKS
+from harness.model.protocol_facts import ADDED_POSITIONS, CROSS_ATTN_HOOKS, cross_attn_hook
 from harness.model.seq2seq import DEFAULT_SOURCE_ID
 
 SELF_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
 # How modeling files name a decoder layer's cross-attention module (BART's encoder_attn, T5's EncDecAttention).
 CROSS_NAME = re.compile(r"encoder_attn|encdecattention|cross_?att", re.IGNORECASE)
 QUERY_NAMES, KEY_NAMES, VALUE_NAMES = ("q_proj", "query", "q"), ("k_proj", "key", "k"), ("v_proj", "value", "v")
+# GPT-2's cross-attention: one Conv1D ``c_attn`` of width 2 * split_size whose output its forward splits into K, V
+# (``self.c_attn(encoder_hidden_states).split(self.split_size, dim=2)``; the query has its own ``q_attn``)
+FUSED_KV_NAMES = ("c_attn",)
 # How attention modules name their head count and width (BART num_heads/head_dim, T5 n_heads/key_value_proj_dim).
 HEAD_COUNT_NAMES, HEAD_DIM_NAMES = ("num_heads", "n_heads", "num_attention_heads"), \
     ("head_dim", "key_value_proj_dim", "attention_head_size", "head_size")
@@ -114,19 +124,42 @@ class _Past:
     mask: Tensor  # long [batch, pos so far]
 
 
+def _is_bare(table: nn.Module) -> bool:
+    """A plain ``nn.Embedding`` lookup (BERT's, GPT-2's, RoBERTa's table): its input is the ids themselves, in the
+    model's numbering; BART's and Marian's tables are subclasses with their own forward taking ``position_ids``."""
+    return isinstance(table, nn.Embedding) and type(table).forward is nn.Embedding.forward
+
+
+def _ids_param(table: nn.Module) -> Optional[str]:
+    """The argument of ``table``'s forward that takes the position ids, if any."""
+    if "position_ids" in inspect.signature(table.forward).parameters:
+        return "position_ids"
+    return "input" if _is_bare(table) else None
+
+
+def _first_row(table: Optional[nn.Module]) -> int:
+    """The table row of position 0: a bare table that keeps a padding row (RoBERTa's padding_idx = pad_token_id)
+    numbers positions from padding_idx + 1 (fairseq's make_positions); any other from 0 (or adds its offset itself)."""
+    if table is None or not _is_bare(table) or cast(nn.Embedding, table).padding_idx is None:
+        return 0
+    return cast(int, cast(nn.Embedding, table).padding_idx) + 1
+
+
 def _table_at(table: nn.Module, args: tuple, kwargs: dict, row: Tensor) -> Tensor:
-    """``table``'s own forward on the call's arguments with ``position_ids`` = ``row`` (one batch row's ids).
+    """``table``'s own forward on the call's arguments with ``position_ids`` = ``row`` (one batch row's ids; a bare
+    ``nn.Embedding``'s input).
 
     The ids take the layout the model gave them (PEGASUS-X's decoder passes them positionally, as a column
     ``[pos, 1]``); where the model gave none, a row ``[pos]``, else a column: PEGASUS-X's table broadcasts its
     default ``arange(pos)[:, None]`` against its frequencies, and a row does not broadcast.
     """
+    name = cast(str, _ids_param(table))  # _impose gave ids only to a table that takes them
     bound = inspect.signature(table.forward).bind(*args, **kwargs)
-    given = bound.arguments.get("position_ids")
+    given = bound.arguments.get(name)
     layouts = [row.reshape(given.shape)] if isinstance(given, Tensor) and given.numel() == row.numel() else \
         [row, row[:, None]]
     for i, ids in enumerate(layouts):
-        bound.arguments["position_ids"] = ids
+        bound.arguments[name] = ids
         try:
             return table.forward(*bound.args, **bound.kwargs)
         except RuntimeError:
@@ -155,8 +188,35 @@ def _stack_layers(part: nn.Module) -> Optional[nn.ModuleList]:
     return None
 
 
+def _width(module: Any) -> Optional[int]:
+    """Output features of a projection: an ``nn.Linear``, or transformers' ``Conv1D`` (GPT-2's, weight [in, out])."""
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    nf = getattr(module, "nf", None)
+    if isinstance(module, nn.Module) and type(module).__name__ == "Conv1D" and isinstance(nf, int):
+        return nf
+    return None
+
+
 def _child(attn: nn.Module, names: tuple[str, ...]) -> Optional[nn.Module]:
-    return next((getattr(attn, n) for n in names if isinstance(getattr(attn, n, None), nn.Linear)), None)
+    return next((getattr(attn, n) for n in names if _width(getattr(attn, n, None)) is not None), None)
+
+
+def _fused_kv(attn: nn.Module) -> Optional[tuple[nn.Module, int]]:
+    """GPT-2's cross-attention K/V projection and the width its forward splits it at (see FUSED_KV_NAMES); None
+    where ``attn`` has no such projection (a self-attention's c_attn is 3 * split_size wide: Q, K, V)."""
+    proj, split = _child(attn, FUSED_KV_NAMES), getattr(attn, "split_size", None)
+    if proj is None or not isinstance(split, int) or isinstance(split, bool) or _width(proj) != 2 * split:
+        return None
+    return proj, split
+
+
+def _out_projection(attn: nn.Module, parent: Optional[nn.Module]) -> Optional[nn.Module]:
+    """The projection of ``attn``'s merged heads to d_model: its own (BART out_proj, T5 o, GPT-2 c_proj), else,
+    where the module computes attention only (BertSelfAttention, BertCrossAttention), its parent's (BertAttention's
+    output.dense), found as HFAdapter finds it."""
+    own = _child(attn, OUT_NAMES)
+    return own if own is not None or parent is None else routes.out_projection(parent)
 
 
 def _int_attr(module: nn.Module, names: tuple[str, ...]) -> Optional[int]:
@@ -171,11 +231,10 @@ def _head_shape(attn: nn.Module, default: tuple[int, int]) -> tuple[int, int, in
     heads, dim = _int_attr(attn, HEAD_COUNT_NAMES), _int_attr(attn, HEAD_DIM_NAMES)
     query, key = _child(attn, QUERY_NAMES), _child(attn, KEY_NAMES)
     if dim is None:
-        dim = cast(nn.Linear, query).out_features // heads if query is not None and heads else default[1]
+        dim = cast(int, _width(query)) // heads if query is not None and heads else default[1]
     if heads is None:
-        heads = cast(nn.Linear, query).out_features // dim if query is not None else default[0]
-    kv = _int_attr(attn, ("num_key_value_heads",)) or (cast(nn.Linear, key).out_features // dim if key is not None
-                                                        else heads)
+        heads = cast(int, _width(query)) // dim if query is not None else default[0]
+    kv = _int_attr(attn, ("num_key_value_heads",)) or (cast(int, _width(key)) // dim if key is not None else heads)
     return heads, dim, kv
 
 
@@ -224,7 +283,19 @@ class HFSeq2SeqAdapter(HFAdapter):
             raise AttnlabTypeError(f"architecture {arch!r} does not dispatch its attention through transformers' "
                                    f"AttentionInterface: HFSeq2SeqAdapter has no module-hook route for "
                                    f"encoder-decoders (the hooks it needs would not fire)")
+        for part, attns in ((encoder, enc_attns), (decoder, [*self_attns, *cross_attns])):
+            # EncoderDecoderModel(encoder=BertModel(...), decoder=...) rebinds each part's config to the pair's copy,
+            # but the part's attention modules keep the config they were built with, which set_attn_implementation
+            # never reaches (BertModel has no PreTrainedModel inside): they would call sdpa directly and the
+            # encoder's hooks never fire. Each module's kernel is made its part's, as set_attn_implementation meant.
+            for attn in attns:
+                own = getattr(attn, "config", None)
+                if own is not None and own is not part.config and \
+                        getattr(own, "_attn_implementation", None) != part.config._attn_implementation:
+                    own._attn_implementation = part.config._attn_implementation
         self._tables = {ENCODER: position_embedding_module(encoder), DECODER: position_embedding_module(decoder)}
+        # each stack's own (bert2roberta: the encoder's from 0, the decoder's from padding_idx + 1)
+        self._first_rows = {part: _first_row(table) for part, table in self._tables.items()}
         added = self._cfg.positional_embedding_type in ADDED_POSITIONS
         stack = _Stack(len(dec_layers), True, added and self._tables[DECODER] is not None)
         self.hook_embed, self.blocks = stack.hook_embed, stack.blocks
@@ -240,8 +311,14 @@ class HFSeq2SeqAdapter(HFAdapter):
         if previous is not None:
             previous.detach()
         self._handles = []
+        # hook name -> why the adapter cannot fire it (a cross-attention whose K/V projections it cannot find)
+        self.unhooked: dict[str, str] = {}
+        self._parents = {id(c): p for p in hf_model.modules() for c in p.children()}
         self._wire(encoder, decoder, enc_layers, enc_attns, self_attns, cross_attns)
         self.setup()
+        # the adapter reads as the model's mode (eval): check_model puts a model back in the mode it found it in,
+        # and an adapter left in nn.Module's default train mode would switch the model's dropout on afterwards
+        self.eval()
         label = f"{arch} model ({type(hf_model).__name__})"
         problems, _ = smoke_forward(self, label=label)
         if problems:
@@ -282,21 +359,43 @@ class HFSeq2SeqAdapter(HFAdapter):
         """Point ``attn``'s attention call at ``points``; with ``own_kv``, K/V fire from their projections."""
         names = {name: getattr(points, name) for name in SELF_HOOKS}
         if own_kv:  # the attention function sees cached K/V too: those must not fire hook_k/hook_v
-            for name, proj_names in (("hook_k", KEY_NAMES), ("hook_v", VALUE_NAMES)):
-                proj = _child(attn, proj_names)
-                if proj is None:
-                    raise AttnlabTypeError(f"{type(attn).__name__} has no {'/'.join(proj_names)} projection to "
-                                           f"hook cross-attention's {name} on")
-                self._handles.append(proj.register_forward_hook(self._heads_hook(names.pop(name))))
-                names[name] = HookPoint()  # idle: the attention function skips it
+            self._tap_kv(layer, attn, points, names)
         tap = attention.LayerTap(layer, names, self._base, False, d_head)  # its own stack's head width
         attention.TAPS[attn] = tap
         self._taps.append(tap)
         self._handles.append(attn.register_forward_pre_hook(self._enter(tap)))
         self._handles.append(attn.register_forward_hook(self._leave, always_call=True))
-        out = _child(attn, OUT_NAMES)
+        out = _out_projection(attn, self._parents.get(id(attn)))
         if out is not None:
             self._handles.append(out.register_forward_hook(self._out_hook(out_point)))
+
+    def _tap_kv(self, layer: int, attn: nn.Module, points: nn.Module, names: dict[str, HookPoint]) -> None:
+        """Cross-attention's hook_k/hook_v from the K/V projections, so they fire only when K/V are computed.
+
+        Separate projections (k_proj/v_proj, key/value, k/v) are hooked one each; GPT-2's fused ``c_attn`` is split
+        at ``split_size`` as its forward splits it. Where neither is found the two hook points are removed, not the
+        model refused: firing them from the attention function instead would fire them on K/V read back from the
+        cache too, a false ``cross_kv_cache`` failure; without them only the rows needing them are unobservable
+        (``no hook point ...``) and ``self.unhooked`` says why.
+        """
+        projs = [_child(attn, KEY_NAMES), _child(attn, VALUE_NAMES)]
+        fused = _fused_kv(attn)
+        if all(p is not None for p in projs):
+            for name, proj in zip(("hook_k", "hook_v"), projs, strict=True):
+                self._handles.append(cast(nn.Module, proj).register_forward_hook(self._heads_hook(names[name])))
+        elif fused is not None:
+            proj, split = fused
+            self._handles.append(proj.register_forward_hook(self._fused_kv_hook(names["hook_k"], names["hook_v"],
+                                                                                split)))
+        else:
+            why = (f"{type(attn).__name__} has no {'/'.join(KEY_NAMES)} and {'/'.join(VALUE_NAMES)} projections nor a "
+                   f"fused {'/'.join(FUSED_KV_NAMES)} of width 2 * split_size: the hook fires only where K/V are "
+                   f"computed, and the attention function also sees K/V read back from the cache")
+            for name in ("hook_k", "hook_v"):
+                delattr(points, name)
+                self.unhooked[cross_attn_hook(layer, name)] = why
+        for name in ("hook_k", "hook_v"):
+            names[name] = HookPoint()  # idle: the attention function skips it
 
     def _enter_part(self, part: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
@@ -310,6 +409,19 @@ class HFSeq2SeqAdapter(HFAdapter):
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
             stack = self.encoder if self._part == ENCODER else self
             return self._out_hook(getattr(stack, name))(module, args, output)
+        return hook
+
+    def _fused_kv_hook(self, k_point: HookPoint, v_point: HookPoint, split: int) -> Any:
+        """GPT-2's fused K/V output [batch, src_pos, 2 * split]: K is its first ``split`` features, V the rest (its
+        forward's ``split(self.split_size, dim=2)``), each fired as :meth:`_heads_hook` fires a projection's."""
+        hooks = (self._heads_hook(k_point), self._heads_hook(v_point))
+
+        def hook(module: nn.Module, args: Any, output: Tensor) -> Any:
+            halves = output.split(split, dim=-1)
+            edited = [h(module, args, half) for h, half in zip(hooks, halves, strict=True)]
+            if all(e is None for e in edited):
+                return None
+            return torch.cat([half if e is None else e for e, half in zip(edited, halves, strict=True)], dim=-1)
         return hook
 
     def _heads_hook(self, point: HookPoint) -> Any:
@@ -344,8 +456,10 @@ class HFSeq2SeqAdapter(HFAdapter):
             point = getattr(stack, "hook_pos_embed", None)
             if point is None or not active(point):
                 return output if ids is not None else None
-            # Marian's table returns [pos, d_model] for the model to broadcast: the hook sees [batch, pos, d_model]
-            return point(output if output.ndim == 3 else output.expand(self._batch, *output.shape))
+            # Marian's table returns [pos, d_model] for the model to broadcast, BERT's and GPT-2's [1, pos, d_model]
+            # (one ids row for the batch): the hook sees [batch, pos, d_model]
+            return point(output if output.ndim == 3 and output.shape[0] == self._batch else
+                         output.expand(self._batch, *output.shape[-2:]))
         return hook
 
     # ---- positions ------------------------------------------------------------------------------------
@@ -358,13 +472,15 @@ class HFSeq2SeqAdapter(HFAdapter):
             check_table_positions(ids, self._cfg.n_ctx, f" (the {part}'s)")
         own = torch.arange(mask.shape[-1] - new, mask.shape[-1], device=mask.device)
         real = mask[:, -new:].bool()
-        if bool((ids == own).where(real, True).all()):
+        # a table from padding_idx + 1 (RoBERTa) is numbered from the token ids, not by index: a real token whose id
+        # is pad_token_id takes the padding row and moves every later position, so it is always given the ids
+        if not self._first_rows[part] and bool((ids == own).where(real, True).all()):
             return  # the model numbers these tokens as the protocol does: leave its forward untouched
         table = cast(nn.Module, self._tables[part])
-        if "position_ids" not in inspect.signature(table.forward).parameters:
+        if _ids_param(table) is None:
             raise UnsupportedInput(f"{self._cfg.arch}'s {part} position table takes no position_ids: it cannot be "
                                    f"given left padding or a position offset")
-        self._ids[part] = ids
+        self._ids[part] = ids + self._first_rows[part]  # a bare table's rows in the model's numbering
 
     def _source(self, batch: int, device: torch.device, source_tokens: Optional[Tensor],
                 source_mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:

@@ -38,6 +38,28 @@ def text_config(config: Any) -> Any:
     return get() if callable(get) else config
 
 
+def read(config: Any, name: str, default: Any = None) -> Any:
+    """``config.name``, or None where it is unset or cannot be read globally (a heterogeneous config raises for a
+    per-layer field read on the whole model: read it on :func:`layer_config`)."""
+    try:
+        return getattr(config, name, default)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError and kin: not one value for the model
+        return None
+
+
+def layer_config(config: Any, layer: int) -> Any:
+    """The config as layer ``layer`` sees it: a heterogeneous config's per-layer view (``per_layer_config[layer]``,
+    Gemma 4), else the (text) config itself."""
+    c = text_config(config)
+    views = read(c, "per_layer_config")
+    if views is not None:
+        try:
+            return views[layer]
+        except (IndexError, KeyError, TypeError):
+            return c
+    return c
+
+
 def model_type(config: Any) -> str:
     return str(getattr(text_config(config), "model_type", "") or getattr(config, "model_type", ""))
 
@@ -45,14 +67,15 @@ def model_type(config: Any) -> str:
 def integer(config: Any, *names: str) -> Optional[tuple[str, int]]:
     """The first of ``names`` the config sets to an integer, as (name, value)."""
     for name in names:
-        value = getattr(config, name, None)
+        value = read(config, name)
         if isinstance(value, int) and not isinstance(value, bool):
             return name, value
     return None
 
 
 def heads(config: Any) -> tuple[str, int]:
-    found = integer(config, "num_attention_heads", "n_head", "n_heads", "num_heads")
+    # an encoder-decoder's cfg describes its decoder (BART's num_attention_heads maps to the encoder's)
+    found = integer(config, "decoder_attention_heads", "num_attention_heads", "n_head", "n_heads", "num_heads")
     if found is None:
         raise AttnlabError(f"config of {model_type(config)!r} names no head count (num_attention_heads/n_head/n_heads)")
     return found
@@ -68,7 +91,7 @@ def width(config: Any) -> tuple[str, int]:
 def head_dim(config: Any) -> tuple[int, str]:
     """(d_head, source): ``head_dim`` where the config sets it, else ``hidden_size // num_attention_heads``
     (the documented default of every config class that has the field; Vaswani et al. 2017 §3.2.2: d_k = d_model/h)."""
-    explicit = integer(config, "head_dim", "attention_head_size", "head_size")
+    explicit = integer(config, "head_dim", "attention_head_size", "head_size", "d_kv")
     if explicit is not None and explicit[1] > 0:
         return explicit[1], f"{explicit[0]}={explicit[1]}"
     (w_name, w), (h_name, h) = width(config), heads(config)
@@ -77,7 +100,7 @@ def head_dim(config: Any) -> tuple[int, str]:
 
 def layer_type(config: Any, layer: int) -> Optional[str]:
     """``config.layer_types[layer]`` ("full_attention", "sliding_attention", ...), None where there is no list."""
-    types = getattr(config, "layer_types", None)
+    types = read(config, "layer_types")
     if isinstance(types, (list, tuple)) and 0 <= layer < len(types):
         return str(types[layer])
     return None
@@ -89,7 +112,7 @@ def rope_parameters(config: Any, layer: int) -> tuple[Optional[dict], str]:
     ``rope_parameters`` is either one dict for every layer or a dict of them keyed by layer type; a type
     keyed to None does not rotate (its layers take no positions in attention).
     """
-    params = getattr(config, "rope_parameters", None)
+    params = read(config, "rope_parameters")
     if not isinstance(params, dict) or not params:
         return None, "the config has no rope_parameters"
     if all(v is None or isinstance(v, dict) for v in params.values()):

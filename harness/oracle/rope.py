@@ -30,13 +30,37 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from harness.oracle.fields import Fact, head_dim, integer, model_type, rope_parameters, text_config, unknown
+from harness.oracle.fields import (
+    Fact,
+    head_dim,
+    integer,
+    layer_config,
+    model_type,
+    read,
+    rope_parameters,
+    unknown,
+)
 from harness.oracle.scale import yarn_mscale
+from harness.oracle.windows import window
 
 # Pairs (2i, 2i + 1), the paper's own layout (Su et al. eq. 34): GPT-J's rotate_every_two (and CodeGen, its heir),
-# Cohere's and GLM's x[..., ::2] layout, RoFormer, Llama 4's complex multiplication. Every other model type pairs
-# (i, i + d/2) (GPT-NeoX's rotate_half, which Llama and transformers' modeling template adopted).
-INTERLEAVED = ("gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "roformer", "llama4", "llama4_text")
+# Cohere's and GLM's x[..., ::2] layout, RoFormer, Llama 4's complex multiplication, ERNIE 4.5 (Baidu's release
+# rotates adjacent pairs), Kyutai's Helium, Ergo. Every other model type pairs (i, i + d/2) (GPT-NeoX's rotate_half,
+# which Llama and transformers' modeling template adopted).
+INTERLEAVED = ("gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "glm", "glm4", "roformer", "llama4",
+               "llama4_text", "ernie4_5", "ernie4_5_moe", "helium", "ergo")
+# Turned by -m instead of +m: nanochat (Karpathy 2025, its apply_rotary_emb: y1 = x1 cos + x2 sin), still a rotation
+# whose scores depend on m - n only
+CLOCKWISE = ("nanochat",)
+# q and k RMS-normalised right after the rotation, without a weight (nanochat's "QK norm": norm(rotary(q)), at
+# config.rms_norm_eps): what reaches the scores is the turned vector over its root mean square
+NORMED_AFTER = ("nanochat",)
+# Local layers rotate, global ones take no positions (NoPE): Cohere's Command R7B ("sliding window layers use RoPE,
+# global layers no positional embeddings", Cohere2's model card), Flint, AFMoE, Lara-Mini ("the full-attention layers
+# get none"); EXAONE 4.0 (LG AI Research 2025:
+# "global NoPE" in its hybrid attention) and its heirs do so only where some layer is local, else every layer rotates.
+LOCAL_ROPE_ONLY = ("cohere2", "cohere2_moe", "flint", "afmoe", "lara_mini")
+HYBRID_NOPE = ("exaone4", "exaone_moe", "kolibri1")
 SCALED_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 
 
@@ -49,6 +73,9 @@ class RopeSpec:
     dim: int  # rotated features per head (the rest pass through)
     style: str  # "half": pairs (i, i + dim/2); "interleaved": pairs (2i, 2i + 1)
     rope_type: str
+    # not None: each head's turned q/k is then divided by sqrt(mean(x^2) + eps) (NORMED_AFTER)
+    normed_after: Optional[float] = None
+    direction: int = 1  # +1: position m turns by +m theta_i (Su et al. eq. 34); -1: by -m (CLOCKWISE)
     # the longest sequence the rotation is declared for past the usable context: dynamic NTK scales to factor times the
     # original context (its purpose, bloc97 2023); None where the rotation declares nothing past it
     reach: Optional[int] = None
@@ -58,10 +85,13 @@ def rotary(config: Any, layer: int, seq_len: int) -> Fact:
     """The rotation of layer ``layer`` (its index in the full stack) for a sequence whose largest position is
     ``seq_len - 1``: a :class:`RopeSpec`, or unknown with the reason (the layer does not rotate, or a layout the
     oracle does not know)."""
-    c = text_config(config)
+    c = layer_config(config, layer)
     kind = model_type(c)
     if integer(c, "qk_rope_head_dim") is not None and integer(c, "qk_nope_head_dim") is not None:
         return unknown("Multi-head Latent Attention rotates a separate qk_rope_head_dim slice of each head")
+    no_rope = _no_rope(config, c, kind, layer)
+    if no_rope:
+        return unknown(no_rope)
     params, where = rope_parameters(c, layer)
     if params is None:
         if kind in ("gptj", "codegen"):  # GPT-J's config has rotary_dim and no base: its code fixes 10000
@@ -73,7 +103,7 @@ def rotary(config: Any, layer: int, seq_len: int) -> Fact:
         return unknown(f"{where}: rope_type {rope_type!r} is not one the oracle knows ({', '.join(SCALED_TYPES)})")
     d_head, d_source = head_dim(c)
     dim, dim_source = _rotated(c, params, d_head)
-    base = params.get("rope_theta", getattr(c, "rope_theta", None))
+    base = params.get("rope_theta", read(c, "rope_theta", None))
     if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1:
         return unknown(f"{where} names no rope_theta > 1 (got {base!r})")
     base = float(base)
@@ -87,14 +117,40 @@ def rotary(config: Any, layer: int, seq_len: int) -> Fact:
         dim = d_head
     max_pos = integer(c, "max_position_embeddings")
     reach = int(float(params["factor"]) * max_pos[1]) if rope_type == "dynamic" and max_pos else None
-    return Fact(RopeSpec(tuple(inv), factor, dim, style, rope_type, reach), source + extra)
+    direction = -1 if kind in CLOCKWISE else 1
+    eps = float(read(c, "rms_norm_eps", 1e-6)) if kind in NORMED_AFTER else None
+    return Fact(RopeSpec(tuple(inv), factor, dim, style, rope_type, eps, direction, reach),
+                source + extra + (", turned by -m" if direction < 0 else "")
+                + (f", then RMS-normalised (eps {eps:g})" if eps is not None else ""))
+
+
+def _no_rope(config: Any, c: Any, kind: str, layer: int) -> str:
+    """Why layer ``layer`` takes no rotary positions by design ("" where it rotates)."""
+    flags = read(c, "no_rope_layers", None)
+    # Llama4Config / SmolLM3Config: "a 1 at an index indicates that the corresponding layer will use RoPE, 0 NoPE"
+    if isinstance(flags, (list, tuple)) and layer < len(flags) and not flags[layer]:
+        return f"no_rope_layers[{layer}]=0: layer {layer} takes no positions (NoPE)"
+    if kind not in LOCAL_ROPE_ONLY + HYBRID_NOPE:
+        return ""
+    local = window(config, layer)
+    if not local.known or local.value is not None:
+        return ""
+    n = integer(c, "num_hidden_layers")
+    if kind in HYBRID_NOPE and n and all(window(config, i).value is None for i in range(n[1])):
+        return ""  # no local layer anywhere: every layer rotates
+    # Cohere2-MoE's dense prefix layers rotate too when prefix_dense_sliding_window_pattern is 1 (its config's rule)
+    dense = read(c, "mlp_layer_types", None)
+    if kind == "cohere2_moe" and read(c, "prefix_dense_sliding_window_pattern", None) == 1 \
+            and isinstance(dense, (list, tuple)) and layer < len(dense) and dense[layer] == "dense":
+        return ""
+    return f"model_type={kind!r}: its global layer {layer} ({local.source}) takes no positions (NoPE)"
 
 
 def _rotated(c: Any, params: dict, d_head: int) -> tuple[int, str]:
     """(rotated features per head, source): ``partial_rotary_factor`` (rope_parameters or the config; GPT-NeoX's
     ``rotary_pct``) times head_dim, rounded down as int() does; GPT-J's ``rotary_dim`` as given."""
-    factor = params.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
-    if factor is None and isinstance(getattr(c, "rotary_pct", None), (int, float)):
+    factor = params.get("partial_rotary_factor", read(c, "partial_rotary_factor", None))
+    if factor is None and isinstance(read(c, "rotary_pct", None), (int, float)):
         factor = c.rotary_pct
     if factor is None:
         absolute = integer(c, "rotary_dim")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.oracle.fields import Fact, integer, layer_type, model_type, text_config, unknown
+from harness.oracle.fields import Fact, integer, layer_config, layer_type, model_type, read, unknown
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -26,7 +26,7 @@ SLIDING = "sliding_attention"
 
 def window(config: Any, layer: int) -> Fact:
     """Layer ``layer``'s window (an int, or None for full attention), by its index in the full stack."""
-    c = text_config(config)
+    c = layer_config(config, layer)
     sliding = integer(c, "sliding_window")
     kind = layer_type(c, layer)
     if kind is not None:
@@ -35,10 +35,10 @@ def window(config: Any, layer: int) -> Fact:
         if kind == SLIDING:
             if sliding is None or sliding[1] < 1:
                 return unknown(f"layer_types[{layer}]={SLIDING!r} but sliding_window="
-                               f"{getattr(c, 'sliding_window', None)!r}")
+                               f"{read(c, 'sliding_window', None)!r}")
             return Fact(sliding[1], f"layer_types[{layer}]={SLIDING!r}, sliding_window={sliding[1]}")
         return unknown(f"layer_types[{layer}]={kind!r} is neither {FULL!r} nor {SLIDING!r}")
-    neo = getattr(c, "attention_layers", None)
+    neo = read(c, "attention_layers", None)
     if model_type(c) == "gpt_neo" and isinstance(neo, (list, tuple)) and layer < len(neo):
         size = integer(c, "window_size")
         if neo[layer] == "local":
@@ -46,7 +46,7 @@ def window(config: Any, layer: int) -> Fact:
                 unknown("a GPT-Neo local layer without window_size")
         return Fact(None, f"attention_layers[{layer}]={neo[layer]!r}")
     if sliding is None:
-        return Fact(None, f"sliding_window={getattr(c, 'sliding_window', None)!r}, no layer_types")
-    if getattr(c, "use_sliding_window", True) is False:
+        return Fact(None, f"sliding_window={read(c, 'sliding_window', None)!r}, no layer_types")
+    if read(c, "use_sliding_window", True) is False:
         return Fact(None, f"use_sliding_window=False (sliding_window={sliding[1]} unused)")
     return Fact(sliding[1], f"sliding_window={sliding[1]} on every layer (no layer_types)")

@@ -7,8 +7,16 @@ rotation that layer must apply at a given sequence length: the inverse frequenci
 0.1 ln s + 1, LongRoPE's sqrt(1 + ln s / ln L0)), the rotated span (``partial_rotary_factor``) and the pair
 layout. ``hook_rot_q``/``hook_rot_k`` must equal that rotation of ``hook_q``/``hook_k`` (the rotation's
 inputs, after any q/k norm) at positions offset .. offset + n - 1: q_rot = a R(m) q on the rotated features,
-the others passed through. A wrong base, a skipped Llama 3 correction, an attention factor applied twice, a
-local layer given the global layers' base all keep every invariant and fail here.
+the others passed through (a key is compared with the nearest turned key head: grouped key heads are
+repeated per hook as the model repeats them there, in an order that need not agree). A wrong base, a skipped
+Llama 3 correction, an attention factor applied twice, a local layer given the global layers' base all keep every
+invariant and fail here.
+
+Where ``hook_q``/``hook_k`` do not fire (partial rotary applied outside a (q, k) rotary function: Phi, StableLM;
+GPT-J's own function; Llama 4's complex product) the layer is checked relatively, from ``hook_rot_q``/``hook_rot_k``
+alone: the offset-p pass is given the offset-0 pass's input to every such layer (``hook_resid_pre``), so its q and
+k are the same vectors, and q_rot at p must be the oracle's rotation to p + i of q_rot at i turned back, times
+a_p / a_0 -- the frequencies of every rope_type are compared; a position-independent attention factor cancels.
 
 Lengths straddle what frequencies depend on: offsets are drawn up to the usable context, the far end first
 (precision is lost with position), which for LongRoPE crosses ``original_max_position_embeddings``. Dynamic
@@ -16,13 +24,14 @@ NTK is defined by the length of the sequence at hand; transformers caches freque
 length seen, so each example is preceded by a one-token call that returns that cache to the original context
 (a model without such a cache is unaffected).
 
-Allowance, relative to |a q| per head and position: ``16 u_dtype + 32 (p + n) u_32`` (rotary_precision's:
+Allowance, relative to the expected |rot_q| per head and position: ``16 u_dtype + 32 (p + n) u_32`` (rotary_precision's:
 a phase computed in float32 is off by a few u_32 per radian, cos/sin and the cast to the dtype add a few
 u_dtype). Deviation: the error over the allowance (tolerance 1.0).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch
@@ -38,7 +47,6 @@ from properties.search import offset_text
 
 TOLERANCE = 1.0
 U32 = unit_roundoff(torch.float32)
-POINTS = ("hook_q", "hook_k", "hook_rot_q", "hook_rot_k")
 
 
 def rotary_layers(cfg: Any) -> list[int]:
@@ -54,16 +62,24 @@ def _undetermined(model: Any) -> Optional[str]:
 
 
 def _hooks(cfg: Any) -> tuple[str, ...]:
-    return tuple(f"blocks.{layer}.attn.{p}" for layer in rotary_layers(cfg) for p in POINTS)
+    # per layer: the rotated q and k, and the rotation's inputs, or the layer's input for the relative comparison
+    names = []
+    for layer in rotary_layers(cfg):
+        attn, resid = f"blocks.{layer}.attn", f"blocks.{layer}.hook_resid_pre"
+        names += [f"{attn}.hook_rot_q", f"{attn}.hook_rot_k", f"{attn}.hook_q|{resid}", f"{attn}.hook_k|{resid}"]
+    return tuple(names)
 
 
-def turn(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
-    """``x [batch, pos, heads, d_head]`` (float64) turned as ``spec`` says at ``positions [pos]`` (Su et al. eq. 34),
-    the turned features times the attention factor, the rest passed through."""
+def turn(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec, factor: Optional[float] = None,
+         normalise: bool = True) -> torch.Tensor:
+    """``x [batch, pos, heads, d_head]`` (float64) turned as ``spec`` says to ``positions [pos]`` (Su et al. eq. 34),
+    the turned features times ``factor`` (default the spec's attention factor), the rest passed through, then
+    RMS-normalised where the spec says (and ``normalise``)."""
     inv = torch.tensor(spec.inv_freq, dtype=torch.float64)
     width = 2 * inv.numel()
-    ang = positions.double()[:, None] * inv[None, :]  # [pos, pairs]
-    cos, sin = (ang.cos() * spec.attention_factor)[None, :, None], (ang.sin() * spec.attention_factor)[None, :, None]
+    scale = spec.attention_factor if factor is None else factor
+    ang = spec.direction * positions.double()[:, None] * inv[None, :]  # [pos, pairs]
+    cos, sin = (ang.cos() * scale)[None, :, None], (ang.sin() * scale)[None, :, None]
     rot, rest = x[..., :width], x[..., width:]
     if spec.style == "half":
         a, b = rot[..., : width // 2], rot[..., width // 2:]
@@ -71,53 +87,89 @@ def turn(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec) -> torch.Tens
     else:
         a, b = rot[..., 0::2], rot[..., 1::2]
         turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-    return torch.cat((turned, rest), -1)
+    out = torch.cat((turned, rest), -1)
+    if spec.normed_after is not None and normalise:
+        out = out * torch.rsqrt(out.square().mean(-1, keepdim=True) + spec.normed_after)
+    return out
+
+
+def _gap(after: torch.Tensor, expected: torch.Tensor, key: bool) -> torch.Tensor:
+    """|after - expected| per [batch, pos, head] over |expected|; a key head may match any expected key head: an
+    adapter repeats grouped key heads for each hook as the model does at that point, in an order that need not agree
+    (JetMoE)."""
+    gap = (after[..., :, None, :] - expected[..., None, :, :]).norm(dim=-1)  # [batch, pos, heads, heads]
+    gap = gap.min(-1).values if key else gap.diagonal(dim1=-2, dim2=-1)
+    return gap / expected.norm(dim=-1).clamp(min=1e-30)
+
+
+def _where(top: float, b: int, p: int, h: int, *, layer: int, hook: str, offset: int, allow: float, how: str,
+           source: str, dtype: torch.dtype) -> str:
+    return (f"layer {layer} {hook} head {h} position {offset + p} (row {b}): relative error {fmt(top * allow)} against "
+            f"the declared rotation of {how} ({source}), allowed {fmt(allow)} in {dtype}")
 
 
 @model_property(name="rotary_frequencies", order=95, tolerance=TOLERANCE,
-                rule="the error over its allowance 16 u_dtype + 32 (p + n) u_32 of |a q| (u: unit roundoff)",
+                rule="the error over its allowance 16 u_dtype + 32 (p + n) u_32 of the expected |rot_q| "
+                     "(u: unit roundoff)",
                 applies=Applies(positional=("rotary",), min_ctx=2, when=_undetermined,
                                 when_doc="the design oracle gives a rotation for the config's layers"),
-                needs=_hooks, needs_doc="blocks.{layer}.attn.hook_q, hook_k, hook_rot_q, hook_rot_k of every layer "
-                                        "the oracle gives a rotation")
+                needs=_hooks, needs_doc="blocks.{layer}.attn.hook_rot_q, hook_rot_k, and hook_q, hook_k (else "
+                                        "blocks.{layer}.hook_resid_pre) of every layer the oracle gives a rotation")
 def rotary_frequencies(case: Case) -> Plan:
     """Each rotary layer's ``hook_rot_q``/``hook_rot_k`` are the oracle's rotation of ``hook_q``/``hook_k``."""
     model, cfg, names = case.model, case.cfg, list(case.hooks)
     layers = rotary_layers(cfg)
+    hooks = {layer: names[4 * i: 4 * i + 4] for i, layer in enumerate(layers)}
+    relative = [layer for layer in layers if hooks[layer][2].endswith("hook_resid_pre")]
     specs = [declared.rotation(cfg, layer, cfg.n_ctx).value for layer in layers]
     dynamic = any(spec.rope_type == "dynamic" for spec in specs)
     # past the usable context only where the rotation is declared for it (dynamic NTK: factor times the original)
     reach = max([cfg.n_ctx] + [spec.reach for spec in specs if spec.reach is not None])
     n_max = max_len(cfg, cap=4)
     strategy = _far_offsets(cfg.d_vocab, reach, min(n_max, cfg.n_ctx - 1))
+    wanted = list(dict.fromkeys(names))
+    inputs = [hooks[layer][2] for layer in relative]
+
+    def run(x: torch.Tensor, offset: int, patch: Optional[dict] = None) -> dict:
+        if dynamic:  # a short call returns a cached dynamic-NTK table to the original context
+            capture_activations(model, x[:1, :1], capture=wanted[:1])
+        return capture_activations(model, x, position_offset=offset, capture=wanted, patch=patch)
 
     def measure(example):
         x, offset = example
-        if dynamic:  # a short call returns a cached dynamic-NTK table to the original context
-            capture_activations(model, x[:1, :1], capture=names[:1])
-        acts = capture_activations(model, x, position_offset=offset, capture=names)
         n = x.shape[1]
+        base = run(x, 0) if relative else {}
+        # the offset-p pass, on the offset-0 pass's inputs to the layers compared relatively
+        acts = run(x, offset, {name: base[name] for name in inputs} if relative else None)
         positions = offset + torch.arange(n)
         dtype = acts[names[0]].dtype
         allow = 16 * unit_roundoff(dtype) + 32 * (offset + n) * U32
         worst, where = 0.0, "rotations as declared"
-        for i, layer in enumerate(layers):
+        for layer in layers:
+            rot_q, rot_k, raw_q, raw_k = hooks[layer]
             fact = declared.rotation(cfg, layer, offset + n)
             spec = fact.value
-            for raw, rot in ((0, 2), (1, 3)):
-                before, after = acts[names[4 * i + raw]].double(), acts[names[4 * i + rot]].double()
-                expected = turn(before, positions, spec)
-                size = (before.norm(dim=-1) * max(1.0, spec.attention_factor)).clamp(min=1e-30)
-                err = (after - expected).norm(dim=-1) / size / allow  # [batch, pos, heads]
-                label = POINTS[rot]
-                worst, where = worse(err, (worst, where), lambda top, b, p, h, label=label, layer=layer, fact=fact: (
-                    f"layer {declared.layer_id(cfg, layer)} {label} head {h} position {offset + p} (row {b}): relative "
-                    f"error {fmt(top * allow)} against the declared rotation ({fact.source}), allowed {fmt(allow)} "
-                    f"in {dtype}"))
+            for key, (rot, raw) in enumerate(((rot_q, raw_q), (rot_k, raw_k))):
+                after = acts[rot].double()
+                if layer in relative:
+                    spec0 = declared.rotation(cfg, layer, n).value
+                    back = turn(base[rot].double(), -torch.arange(n), spec0, 1.0 / spec0.attention_factor,
+                                normalise=False)
+                    expected = turn(back, positions, spec, normalise=False)
+                    how = f"the turned-back offset-0 {rot.split('.')[-1]}"
+                else:
+                    expected = turn(acts[raw].double(), positions, spec)
+                    how = raw.split(".")[-1]
+                err = _gap(after, expected, bool(key)) / allow
+                worst, where = worse(err, (worst, where), functools.partial(
+                    _where, layer=declared.layer_id(cfg, layer), hook=rot.split(".")[-1], offset=offset, allow=allow,
+                    how=how, source=fact.source, dtype=dtype))
         return worst, where
 
     def info() -> str:
         specs = {declared.rotation(cfg, layer, cfg.n_ctx).source for layer in layers}
-        return "expected from " + " | ".join(sorted(specs))
+        checked = ("; layers " + ", ".join(str(declared.layer_id(cfg, layer)) for layer in relative)
+                   + " compared relatively (hook_q silent): their attention factor cancels") if relative else ""
+        return "expected from " + " | ".join(sorted(specs)) + checked
 
     return Plan(strategy, measure, offset_text, info)

@@ -69,6 +69,11 @@ _RECURRENT_LEAK = ("RecurrentGemma's recurrent blocks ignore attention_mask: a m
 _PAD_WINDOWS = ("DeepSeek-V4's compressor groups keys into windows by token index while its causal threshold reads "
                 "position ids: a masked left pad shifts every window by one token, so a left-padded prompt's last "
                 "logits (cached or not) differ from the unpadded prompt's; unpadded, cached decoding is exact.")
+_ROTARY_DIM = ("MiniMaxM3VLTextConfig documents rotary_dim ('Number of head channels rotated by RoPE; the remaining "
+               "channels are passed through unchanged', 64 of head_dim 128 by default), but its rotary embedding "
+               "sizes cos/sin from rope_parameters' partial_rotary_factor alone (default 1.0) and "
+               "apply_rotary_pos_emb turns cos.shape[-1] features: every channel of each head turns, and the logits "
+               "do not depend on rotary_dim at all.")
 LEFT_PAD_MOVES = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus",
                   "plbart", "prophetnet", "trocr", "whisper")
 PAD_LEAKS = ("convbert", "mobilebert", "yoso")
@@ -82,6 +87,8 @@ FINDINGS: tuple[Finding, ...] = (
       for t in LEFT_PAD_MOVES if t != "prophetnet"),
     *(Finding(t, "padding_outputs", _LEAK, "padding_leaks_into_real_tokens") for t in PAD_LEAKS),
     Finding("moshi", "sliding_window", _MOSHI, "window_ignored"),
+    Finding("moshi", "window_layout", _MOSHI, "window_ignored"),
+    Finding("minimax_m3_vl_text", "rotary_frequencies", _ROTARY_DIM, "rotary_dim_ignored"),
     Finding("prophetnet", "kv_cache", _LENGTH, "logits_depend_on_length"),
     Finding("deepseek_v4", "relative_position", _OFFSET_LEAK, "future_leaks_after_an_offset"),
     Finding("deepseek_v4", "kv_cache", _PAD_WINDOWS, "left_pad_shifts_compressed_windows"),

@@ -48,6 +48,8 @@ CLAIMS = {
                                       "hook_attn_scores is the post-softmax pattern itself"),
     "bridge_z_is_o_proj_input": ("hook_z = hook_pattern . hook_v", "hook_z is o_proj's input, after a later step"),
     "bridge_v_before_v_norm": ("hook_z = hook_pattern . hook_v", "hook_v is taken before v_norm"),
+    "rotary_dim_ignored": ("rotary_dim (the channels RoPE turns) changes the logits",
+                           "they are equal at rotary_dim = head_dim / 2 and = head_dim"),
     "softcap_ignored": ("attn_logit_softcapping caps the attention scores, so a cap of 0.01 changes the logits",
                         "they are exactly the uncapped model's")}
 

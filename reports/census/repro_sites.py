@@ -157,10 +157,18 @@ def _softcap(model_type: str, class_name: str) -> list[str]:
             site(mod, r"attention_interface\(", after=r"^class Gemma3Attention\(") + "  -- no softcap="]
 
 
+def _rotary_dim(model_type: str, class_name: str) -> list[str]:
+    mod = _module(class_name)
+    return [site(mod, r"dim = int\(head_dim \* partial_rotary_factor\)", after=r"^class \w*RotaryEmbedding\(")
+            + "  -- rotary_dim is never read",
+            site(mod, r"rotary_dim = cos\.shape\[-1\]") + "  -- every channel cos covers turns"]
+
+
 SITES: dict[str, Callable[[str, str], list[str]]] = {
     "left_padding_moves_positions": _left_pad, "padding_leaks_into_real_tokens": _leak, "window_ignored": _moshi,
     "logits_depend_on_length": _prophetnet, "future_leaks_after_an_offset": _deepseek_v4,
     "left_pad_shifts_compressed_windows": _deepseek_v4, "chunked_prefill_drops_state": _recurrent_gemma,
     "cached_chunk_differs": _jamba, "longrope_cached_step_differs": _longrope, "inv_freq_rounded_by_to": _inv_freq,
     "bridge_not_causal": _bridge_causal, "bridge_attn_scores_is_pattern": _bridge_scores,
-    "bridge_z_is_o_proj_input": _bridge_z, "bridge_v_before_v_norm": _bridge_v, "softcap_ignored": _softcap}
+    "bridge_z_is_o_proj_input": _bridge_z, "bridge_v_before_v_norm": _bridge_v, "softcap_ignored": _softcap,
+    "rotary_dim_ignored": _rotary_dim}

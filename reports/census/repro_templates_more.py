@@ -231,7 +231,31 @@ bug = ignored < 1e-12
 broken = "" if applied > 1e-6 else f"an applied cap moves the logits by only {applied:.3g}"
 '''
 
-BY_WITNESS = {"longrope_cached_step_differs": LONGROPE_CACHED_STEP_DIFFERS,
+ROTARY_DIM_IGNORED = '''
+tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+d = int(CONFIG["head_dim"])
+
+
+def logits(**changes):  # the same weights (seed 0) under each config
+    with torch.no_grad():
+        return build(**changes)(input_ids=tokens).logits
+
+
+half, whole = logits(rotary_dim=d // 2), logits(rotary_dim=d)
+ignored = float((half - whole).abs().max())
+print(f"expected: rotary_dim={d // 2} (half of each head turns) and rotary_dim={d} give other logits; observed: they "
+      f"differ by {ignored:.3g}")
+# control: the field the rotary embedding reads does change the rotated span
+partial = logits(rope_parameters={**build().config.rope_parameters, "partial_rotary_factor": 0.5})
+honoured = float((half - partial).abs().max())
+print(f"control: partial_rotary_factor=0.5 moves them by {honoured:.3g}")
+# a changed span moves them by ~0.1 and more; float64 rounding of this tiny model is below 1e-13
+bug = ignored < 1e-12
+broken = "" if honoured > 1e-6 else f"partial_rotary_factor moves the logits by only {honoured:.3g}"
+'''
+
+BY_WITNESS = {"rotary_dim_ignored": ROTARY_DIM_IGNORED,
+              "longrope_cached_step_differs": LONGROPE_CACHED_STEP_DIFFERS,
               "inv_freq_rounded_by_to": INV_FREQ_ROUNDED_BY_TO,
               "bridge_not_causal": BRIDGE_NOT_CAUSAL,
               "bridge_attn_scores_is_pattern": BRIDGE_ATTN_SCORES_IS_PATTERN,

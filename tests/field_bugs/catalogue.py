@@ -10,6 +10,7 @@ names the properties that must catch it (``must_flag``). ``python -m tests.field
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -55,6 +56,36 @@ def _p(fn, *args, **kwargs) -> Callable[[], AbstractContextManager]:
 GH = "https://github.com/"
 MISTRAL_LONG = functools.partial(models.mistral, n_ctx=2048)
 LLAMA_LONG = functools.partial(models.llama, n_ctx=2048)
+YARN_MSCALE_4 = 0.1 * math.log(4.0) + 1.0  # Peng et al. 2023 eq. 21 for factor 4: the final factor on cos/sin
+QWEN2_YARN_EXPLICIT = functools.partial(models.qwen2_yarn, YARN_MSCALE_4)  # Olmo 3's form: the final value written out
+QWEN2_YARN_ONE = functools.partial(models.qwen2_yarn, 1.0)  # Laguna-XS.2's form: factor 64, attention_factor 1.0
+FULL_LAYER_KEYS = [[1, 2, 3, 3, 3, 3, 3, 3]] * 2 + [[1, 2, 3, 4, 5, 6, 7, 8]]  # gemma3: two windows of 3, then full
+
+
+def _rotary(model, pos, layer_type=None):
+    x = torch.zeros(1, pos.shape[1], 8)
+    return model.model.rotary_emb(x, pos) if layer_type is None else model.model.rotary_emb(x, pos, layer_type)
+
+
+def _head_dim(config):  # the documented default: hidden_size // num_attention_heads
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _plain(config, base=None):
+    return w.plain_inv_freq(base or config.rope_parameters["rope_theta"], _head_dim(config))
+
+
+def _llama3(config):
+    p = config.rope_parameters
+    return w.llama3_inv_freq(p["rope_theta"], _head_dim(config), p["factor"], p["low_freq_factor"],
+                             p["high_freq_factor"], p["original_max_position_embeddings"])
+
+
+def _glm_apply(q, k, cos, sin):
+    from transformers.models.glm import modeling_glm
+
+    return modeling_glm.apply_rotary_pos_emb(q, k, cos, sin)
+
 
 BUGS: list[FieldBug] = [
     _bug("hf29623_window_one_wider",
@@ -241,6 +272,101 @@ BUGS: list[FieldBug] = [
          models.llama, _p(patches.softmax_over_queries),
          lambda: w.future_moves_past(models.llama, _p(patches.softmax_over_queries), LONG),
          ["causal_outputs", "kernel_consistency"]),
+    _bug("llamacpp8444_gemma2_scale_from_width",
+         [("ggml-org/llama.cpp#8444", GH + "ggml-org/llama.cpp/pull/8444"),
+          ("fix: ggml-org/llama.cpp#8473", GH + "ggml-org/llama.cpp/pull/8473")],
+         "llama.cpp scaled Gemma-2's queries by 1/sqrt(n_embd / n_head) = 1/sqrt(224) for the 9B, whose config "
+         "declares query_pre_attn_scalar 256: every score was 7% too large, and nothing else about the model moved.",
+         "Gemma2Attention.__init__ sets scaling = (hidden_size / num_attention_heads)**-0.5 = 8**-0.5 where the "
+         "config declares query_pre_attn_scalar**-0.5 = 24**-0.5 (head_dim 16).",
+         models.gemma2, _p(patches.gemma2_scale_from_width),
+         lambda: w.weights_at_scale(models.gemma2, _p(patches.gemma2_scale_from_width),
+                                    "transformers.models.gemma2.modeling_gemma2", 24 ** -0.5, 8 ** -0.5, LONG),
+         ["attention_scale"]),
+    _bug("unsloth6197_llama31_rope_scaling_dropped",
+         [("unslothai/unsloth#6197", GH + "unslothai/unsloth/pull/6197"),
+          ("the same omission: felafax/felafax#59", GH + "felafax/felafax/issues/59")],
+         "Llama 3.1's rope_scaling (rope_type llama3) was dropped on unsloth's fast path, so the model rotated "
+         "with plain RoPE frequencies: the low-frequency bands turned up to 8x too fast and long inputs turned "
+         "to gibberish.",
+         "ROPE_INIT_FUNCTIONS['llama3'] returns the plain frequencies base^(-2i/d) (no division by factor, "
+         "no smoothing).",
+         models.llama31, _p(patches.rope_init, "llama3", "plain"),
+         lambda: w.rotary_against_formula(models.llama31, _p(patches.rope_init, "llama3", "plain"), _rotary,
+                                          _llama3, 2000, "Llama 3.1's scaled frequencies"),
+         ["rotary_frequencies"]),
+    _bug("sglang33558_yarn_factor_twice",
+         [("sgl-project/sglang#33558", GH + "sgl-project/sglang/pull/33558")],
+         "transformers' YaRN attention_factor is the final mscale, but SGLang multiplied it by its own "
+         "0.1 ln(factor) + 1 again, squaring the factor on cos/sin (1.485 -> 2.206 for factor 128).",
+         "ROPE_INIT_FUNCTIONS['yarn'] returns the config's attention_factor times 0.1 ln(factor) + 1.",
+         QWEN2_YARN_EXPLICIT, _p(patches.rope_init, "yarn", "explicit_factor_times_mscale"),
+         lambda: w.rotary_factor(QWEN2_YARN_EXPLICIT, _p(patches.rope_init, "yarn", "explicit_factor_times_mscale"),
+                                 _rotary, YARN_MSCALE_4),
+         ["rotary_frequencies"]),
+    _bug("vllm46280_yarn_explicit_factor_ignored",
+         [("vllm-project/vllm#46280", GH + "vllm-project/vllm/pull/46280"),
+          ("the same in ml-explore/mlx-lm#1507", GH + "ml-explore/mlx-lm/pull/1507")],
+         "vLLM's YaRN never received the config's explicit attention_factor and applied 0.1 ln(factor) + 1 "
+         "instead: Laguna-XS.2 declares 1.0 and ran with 1.416.",
+         "ROPE_INIT_FUNCTIONS['yarn'] ignores the config's attention_factor (1.0) and returns 0.1 ln(4) + 1.",
+         QWEN2_YARN_ONE, _p(patches.rope_init, "yarn", "explicit_factor_ignored"),
+         lambda: w.rotary_factor(QWEN2_YARN_ONE, _p(patches.rope_init, "yarn", "explicit_factor_ignored"), _rotary,
+                                 1.0),
+         ["rotary_frequencies"]),
+    _bug("specforge265_rope_theta_ignored",
+         [("sgl-project/SpecForge#265", GH + "sgl-project/SpecForge/issues/265"),
+          ("the same in young-geng/EasyLM#117", GH + "young-geng/EasyLM/pull/117")],
+         "The EAGLE-3 draft model's rotary embedding never read rope_theta from the config, so a Qwen2.5 draft "
+         "(base 1e6) rotated with the default base 10000.",
+         "Qwen2RotaryEmbedding.compute_default_rope_parameters uses base 10000 where rope_theta is 1e6.",
+         models.qwen2, _p(patches.rope_theta_ignored, "transformers.models.qwen2.modeling_qwen2",
+                          "Qwen2RotaryEmbedding"),
+         lambda: w.rotary_against_formula(models.qwen2, _p(patches.rope_theta_ignored,
+                                                           "transformers.models.qwen2.modeling_qwen2",
+                                                           "Qwen2RotaryEmbedding"),
+                                          _rotary, _plain, 2000, "base^(-2i/d), base = rope_theta 1e6"),
+         ["rotary_frequencies"]),
+    _bug("mlxvlm1709_gemma3_global_linear_factor_ignored",
+         [("Blaizzy/mlx-vlm#1709", GH + "Blaizzy/mlx-vlm/pull/1709"),
+          ("the same in lablup/mlxcel#1340", GH + "lablup/mlxcel/issues/1340"),
+          ("fix: lablup/mlxcel#1386", GH + "lablup/mlxcel/pull/1386")],
+         "Gemma-3 (4B and up) declares linear rope scaling, factor 8, for its global layers only; ports that "
+         "parsed rope_scaling and never applied it rotated the global layers at 8x the trained positions, "
+         "fluent on short prompts and degenerate on long ones.",
+         "ROPE_INIT_FUNCTIONS['linear'] returns the unscaled frequencies (Gemma-3's full_attention layers); "
+         "the sliding layers (default, base 10000) are untouched.",
+         models.gemma3, _p(patches.rope_init, "linear", "plain"),
+         lambda: w.rotary_against_formula(models.gemma3, _p(patches.rope_init, "linear", "plain"),
+                                          functools.partial(_rotary, layer_type="full_attention"),
+                                          lambda c: _plain(c, 1e6) / 8.0, 2000,
+                                          "the full layers' base 1e6 frequencies / 8"),
+         ["rotary_frequencies"]),
+    _bug("mlxlm1698_glm_partial_rotary_ignored",
+         [("ml-explore/mlx-lm#1698", GH + "ml-explore/mlx-lm/pull/1698")],
+         "mlx-lm's GLM built its RoPE over the whole head_dim although GLM declares partial_rotary_factor 0.5: "
+         "every dimension of q and k turned where the checkpoint was trained with the first half turning.",
+         "GlmRotaryEmbedding.compute_default_rope_parameters ignores partial_rotary_factor (frequencies for all "
+         "16 dims), so apply_rotary_pos_emb turns the whole head.",
+         models.glm, _p(patches.partial_rotary_ignored, "transformers.models.glm.modeling_glm",
+                        "GlmRotaryEmbedding"),
+         lambda: w.pass_through_turns(models.glm, _p(patches.partial_rotary_ignored,
+                                                     "transformers.models.glm.modeling_glm", "GlmRotaryEmbedding"),
+                                      _rotary, _glm_apply, 8, 100),
+         ["rotary_frequencies"]),
+    _bug("vllm21863_window_on_full_layers",
+         [("vllm-project/vllm#21863", GH + "vllm-project/vllm/pull/21863"),
+          ("the same on Command-R7B: vllm-project/vllm#11357", GH + "vllm-project/vllm/issues/11357"),
+          ("fix: vllm-project/vllm#11583", GH + "vllm-project/vllm/pull/11583")],
+         "vLLM fell back to the model-wide sliding_window for layers whose own window was None, so the global "
+         "layers of Gemma-3n (pattern LLLG) and Cohere2 attended through the window too.",
+         "modeling_gemma3.create_causal_mask (the full_attention layers' mask) ANDs sliding_window_overlay(w); "
+         "the full layers keep their full cache.",
+         models.gemma3, _p(patches.window_on_full_layers, "transformers.models.gemma3.modeling_gemma3"),
+         lambda: w.keys_per_layer(models.gemma3, _p(patches.window_on_full_layers,
+                                                    "transformers.models.gemma3.modeling_gemma3"),
+                                  LONG, FULL_LAYER_KEYS),
+         ["window_layout"]),
 ]
 
 # False alarms of the suite on the unpatched models above, each traced to its cause (none may be the

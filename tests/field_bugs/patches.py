@@ -297,3 +297,130 @@ def padding_masks_query_rows() -> Iterator[None]:
 
     with mock.patch.object(masking_utils, "padding_mask_function", padding_mask_function), eager_mask_minus_inf():
         yield
+
+
+# --- the declared design: scale, rotary settings, per-layer windows (llama.cpp #8444, unsloth #6197, ...) ------
+
+
+@contextlib.contextmanager
+def gemma2_scale_from_width() -> Iterator[None]:
+    """Gemma-2's query scale taken as 1/sqrt(hidden_size / num_attention_heads) (llama.cpp #8444).
+
+    llama.cpp scaled Gemma-2's queries by ``1.0f / sqrtf(float(n_embd / n_head))``; the config's
+    ``query_pre_attn_scalar`` (256 for the 9B, whose hidden_size / heads is 224) was not read.
+    Acts at construction: ``Gemma2Attention.__init__`` sets ``scaling`` from the width.
+    """
+    from transformers.models.gemma2 import modeling_gemma2
+
+    original = modeling_gemma2.Gemma2Attention.__init__
+
+    def init(self, config, layer_idx):
+        original(self, config, layer_idx)
+        self.scaling = (config.hidden_size / config.num_attention_heads) ** -0.5
+
+    with mock.patch.object(modeling_gemma2.Gemma2Attention, "__init__", init):
+        yield
+
+
+def _rope_parameters(config, layer_type=None) -> dict:
+    return config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
+
+
+@contextlib.contextmanager
+def rope_init(rope_type: str, how: str) -> Iterator[None]:
+    """``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]`` computing what a port that misread the config did.
+
+    Acts at construction (the rotary modules call it in ``__init__``). ``how``:
+
+    - ``"plain"``: the plain RoPE frequencies ``base^(-2i/d)``, the type's scaling skipped (``"llama3"``:
+      unsloth #6197, felafax #59; ``"linear"`` on Gemma-3's global layers: mlx-vlm #1709, mlxcel #1340);
+    - ``"explicit_factor_times_mscale"``: YaRN's explicit ``attention_factor`` multiplied by the computed
+      ``0.1 ln(factor) + 1`` again (sglang #33558: the final mscale treated as a multiplier);
+    - ``"explicit_factor_ignored"``: YaRN's explicit ``attention_factor`` ignored, ``0.1 ln(factor) + 1``
+      used instead (vLLM #46280, mlx-lm #1507).
+    """
+    from transformers import modeling_rope_utils
+
+    original = modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]
+
+    def init(config, device=None, seq_len=None, layer_type=None, **kwargs):
+        inv_freq, attention_factor = original(config, device, seq_len=seq_len, layer_type=layer_type, **kwargs)
+        params = _rope_parameters(config, layer_type)
+        if how == "plain":
+            base, dim = params["rope_theta"], inv_freq.shape[0] * 2
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)).to(inv_freq.device)
+            return inv_freq, 1.0
+        mscale = modeling_rope_utils.yarn_get_mscale(params["factor"])
+        if how == "explicit_factor_times_mscale":
+            return inv_freq, attention_factor * mscale
+        if how == "explicit_factor_ignored":
+            return inv_freq, mscale
+        raise ValueError(f"how={how!r} is not one of plain, explicit_factor_times_mscale, explicit_factor_ignored")
+
+    with mock.patch.dict(modeling_rope_utils.ROPE_INIT_FUNCTIONS, {rope_type: init}):
+        yield
+
+
+@contextlib.contextmanager
+def rope_theta_ignored(module_path: str, cls_name: str) -> Iterator[None]:
+    """``<Model>RotaryEmbedding.compute_default_rope_parameters`` with base 10000 whatever ``rope_theta`` says.
+
+    SpecForge #265: the EAGLE-3 draft's rotary embedding never received the target's ``rope_theta``
+    (1e6 for Qwen2.5), so it rotated with the default base 10000. Acts at construction.
+    """
+    import importlib
+
+    cls = getattr(importlib.import_module(module_path), cls_name)
+    original = cls.compute_default_rope_parameters
+
+    def compute(config, *args, **kwargs):
+        inv_freq, attention_factor = original(config, *args, **kwargs)
+        dim = inv_freq.shape[0] * 2
+        return 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)).to(inv_freq.device), \
+            attention_factor
+
+    with mock.patch.object(cls, "compute_default_rope_parameters", staticmethod(compute)):
+        yield
+
+
+@contextlib.contextmanager
+def partial_rotary_ignored(module_path: str, cls_name: str) -> Iterator[None]:
+    """``<Model>RotaryEmbedding.compute_default_rope_parameters`` ignoring ``partial_rotary_factor``.
+
+    mlx-lm #1698: GLM's attention built its RoPE over the whole head_dim, so every dimension rotated
+    where the config (partial_rotary_factor 0.5) turns the first half only. GLM's apply_rotary_pos_emb
+    rotates ``cos.shape[-1]`` dims, so frequencies over the whole head turn the whole head. Acts at construction.
+    """
+    import importlib
+
+    cls = getattr(importlib.import_module(module_path), cls_name)
+
+    def compute(config, device=None, seq_len=None, **kwargs):
+        base = config.rope_parameters["rope_theta"]
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)).to(device), 1.0
+
+    with mock.patch.object(cls, "compute_default_rope_parameters", staticmethod(compute)):
+        yield
+
+
+@contextlib.contextmanager
+def window_on_full_layers(module_path: str) -> Iterator[None]:
+    """The model's full-attention mask built with the sliding window too (vLLM #21863, #11357).
+
+    vLLM's attention layer fell back to the model-wide ``sliding_window`` where a layer's own was None,
+    so Gemma-3n's and Command-R7B's global layers attended through the window. Replayed on the modeling
+    module's ``create_causal_mask`` (the full layers' mask), ANDed with ``sliding_window_overlay``; the
+    full layers keep their full cache and their kv length, so caching and padding still agree.
+    """
+    import importlib
+
+    module = importlib.import_module(module_path)
+
+    def create_causal_mask(config, *args, and_mask_function=None, **kwargs):
+        window = masking_utils.sliding_window_overlay(config.sliding_window)
+        both = window if and_mask_function is None else masking_utils.and_masks(window, and_mask_function)
+        return masking_utils.create_causal_mask(config, *args, and_mask_function=both, **kwargs)
+
+    with mock.patch.object(module, "create_causal_mask", create_causal_mask):
+        yield

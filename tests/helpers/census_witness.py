@@ -9,9 +9,11 @@ from __future__ import annotations
 import inspect
 
 import torch
+import transformers
 
 from reports.census.enumerate import by_name
 from reports.census.shrink import build
+from reports.census.variants import build_config
 from tests.helpers.zoo_witness import falcon_output_attentions_leaks_future
 
 
@@ -357,9 +359,34 @@ def bridge_v_before_v_norm(model_type: str) -> str:
             f"hook_pattern . hook_v by up to {off:.3g}; the bridge's logits match the raw model's to {gap:.3g}")
 
 
+def rotary_dim_ignored(model_type: str = "minimax_m3_vl_text") -> str:
+    """The config's ``rotary_dim`` (channels RoPE turns, the rest passed through) changes nothing: the float64 logits
+    with rotary_dim = head_dim / 2 and = head_dim are equal, while partial_rotary_factor = 0.5 in rope_parameters, the
+    field the rotary embedding reads, moves them (so the witness can see a change of the rotated span)."""
+    mt = by_name()[model_type]
+
+    def logits(changes: dict) -> torch.Tensor:
+        config = build_config(mt.name, mt.class_name, changes)
+        torch.manual_seed(0)
+        model = getattr(transformers, mt.class_name)._from_config(config, dtype=torch.float64)
+        if hasattr(model, "set_experts_implementation"):  # grouped_mm has no float64 kernel
+            model.set_experts_implementation("eager")
+        with torch.no_grad():
+            return model.eval()(input_ids=torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])).logits
+
+    base = build_config(mt.name, mt.class_name, {})
+    d = base.head_dim
+    half, whole = logits({"rotary_dim": d // 2}), logits({"rotary_dim": d})
+    partial = logits({"rope_parameters": {**base.rope_parameters, "partial_rotary_factor": 0.5}})
+    ignored, honoured = float((half - whole).abs().max()), float((half - partial).abs().max())
+    assert ignored == 0.0 and honoured > 1e-6, (ignored, honoured)  # float64: rounding alone is ~1e-16
+    return (f"{model_type}, float64: logits with rotary_dim={d // 2} and rotary_dim={d} differ by {ignored:.3g}; "
+            f"partial_rotary_factor=0.5 moves them by {honoured:.3g}")
+
+
 # witness name -> function of the model type (reports/census/findings.py names them)
 WITNESSES = {f.__name__: f for f in (falcon_census, left_padding_moves_positions, padding_leaks_into_real_tokens,
                                      window_ignored, bridge_not_causal, bridge_attn_scores_is_pattern,
                                      bridge_z_is_o_proj_input, bridge_v_before_v_norm, logits_depend_on_length,
                                      future_leaks_after_an_offset, left_pad_shifts_compressed_windows,
-                                     chunked_prefill_drops_state, cached_chunk_differs)}
+                                     chunked_prefill_drops_state, cached_chunk_differs, rotary_dim_ignored)}

@@ -17,8 +17,9 @@ LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -43,6 +44,16 @@ class RefConfig:
     eps: float = 1e-5
     seed: int = 0
     sliding_window: Optional[tuple] = None  # per layer: None (global) or w (query i sees keys i - w < j <= i)
+    # A Hugging Face-style config the model declares its design by (what harness.oracle reads); None: none
+    source_config: Any = field(default=None, hash=False)
+
+
+def declaration(cfg: RefConfig, **fields: Any) -> SimpleNamespace:
+    """The reference's design written as a Llama-style Hugging Face config (model_type, widths, rope_parameters with
+    the base it turns by), with ``fields`` on top: the declaration a mutant breaks."""
+    base = dict(model_type="llama", hidden_size=cfg.d_model, num_attention_heads=cfg.n_heads, head_dim=cfg.d_head,
+                max_position_embeddings=cfg.n_ctx, rope_parameters={"rope_type": "default", "rope_theta": cfg.base})
+    return SimpleNamespace(**{**base, **fields})
 
 
 def sinusoids(pos: Tensor, d: int, base: float) -> Tensor:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from tests.mutants import cross_attention as xa
-from tests.mutants.base import RefAttention, RefConfig, RefModel, RefNorm, rope, sinusoids
+from tests.mutants.base import RefAttention, RefConfig, RefModel, RefNorm, declaration, rope, sinusoids
 from tests.mutants.moe import MoeModel
 
 
@@ -153,6 +153,20 @@ class WideWindowAttention(RefAttention):
         return None if w is None else w + 1  # declares w, admits w + 1 keys (transformers #29623)
 
 
+class EveryLayerWindowAttention(RefAttention):
+    def window(self):
+        return 3  # the window of the sliding layers applied to the full ones too (vLLM #21863, Gemma 2/3, Cohere2)
+
+
+class OffBaseRopeAttention(RefAttention):
+    # turns by a base 1% off the one the config declares (a port reading a rounded or default rope_theta)
+    def rotate_q(self, q, pos):
+        return rope(q, pos, self.cfg.base * 1.01)
+
+    def rotate_k(self, k, pos):
+        return rope(k, pos, self.cfg.base * 1.01)
+
+
 class TwoSidedKernelWindowAttention(RefAttention):
     def kernel(self, raw_scores, pattern, v, q_idx, k_idx, key_mask):
         # FlashAttention's window_size=(w, w) admits i - w <= j <= i under causality: w + 1 keys,
@@ -242,6 +256,13 @@ MUTANTS: list[Mutant] = [
     Mutant("sliding_window_one_wider", _model(WideWindowAttention),
            _cfg(positional_embedding_type="rotary", sliding_window=(3, None)),
            ("sliding_window",), "a window declared w admits w + 1 keys"),
+    Mutant("window_on_full_layers", _model(EveryLayerWindowAttention),
+           _cfg(positional_embedding_type="rotary", sliding_window=(3, None), source_config=declaration(
+               RefConfig(), layer_types=["sliding_attention", "full_attention"], sliding_window=3)),
+           ("window_layout",), "the sliding layers' window applied to a full-attention layer"),
+    Mutant("rope_base_one_percent_off", _model(OffBaseRopeAttention),
+           _cfg(positional_embedding_type="rotary", source_config=declaration(RefConfig())),
+           ("rotary_frequencies",), "q and k turned by a base 1% off the config's rope_theta"),
     Mutant("kernel_window_two_sided", _model(TwoSidedKernelWindowAttention),
            _cfg(positional_embedding_type="rotary", sliding_window=(3, 3)),
            ("kernel_consistency",), "the kernel's window admits w + 1 keys, the explicit pattern w"),
