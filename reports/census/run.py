@@ -32,7 +32,7 @@ from reports.census.executor import Executor, LocalPool, TimedOut
 TIMEOUT_S = 120  # per model type: building and checking a tiny model takes seconds; a minute means a stuck path
 ROOT = Path(__file__).resolve().parents[2]
 # the code a result depends on: a change here invalidates the cache
-CODE = ("reports/census", "harness/adapters", "harness/model", "properties")
+CODE = ("reports/census", "harness/adapters", "harness/model", "harness/oracle", "properties")
 
 
 def cache_key(bridge: bool = False) -> str:
