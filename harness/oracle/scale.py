@@ -72,9 +72,10 @@ def scale(config: Any, layer: int) -> Fact:
         return _mla(c, layer, mla[0][1], mla[1][1])
     d, d_source = head_dim(c)
     if kind in GPT2_FAMILY:
-        if read(c, "scale_attn_weights", True) is False:
-            return Fact(1.0, "scale_attn_weights=False: raw q.k")
-        value, source = d ** -0.5, f"1/sqrt({d_source})"
+        # GPT2Config: scale_attn_by_inverse_layer_idx "additionally" scales by 1 / (layer_idx + 1), with or without
+        # scale_attn_weights' 1/sqrt(d_k)
+        value, source = (1.0, "scale_attn_weights=False: raw q.k") if read(c, "scale_attn_weights", True) is False \
+            else (d ** -0.5, f"1/sqrt({d_source})")
         if read(c, "scale_attn_by_inverse_layer_idx", False) is True:
             return Fact(value / (layer + 1), f"{source} / (layer {layer} + 1) (scale_attn_by_inverse_layer_idx=True)")
         return Fact(value, source)

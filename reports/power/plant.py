@@ -17,7 +17,15 @@ the unplanted control: the same code path with the bug switched off, which must 
   row's (``x + size * (roll(x, 1, batch) - x)``), as a norm or a pooling over the batch axis would;
 - ``absolute_leak`` (relative_position): a rotary model adds ``size`` times its absolute rotary table
   (cos of each position's angles, tiled over d_model) to each attention layer's input, so what it
-  computes depends on absolute position (RoPE alone depends on offsets: Su et al. 2021 eq. 16).
+  computes depends on absolute position (RoPE alone depends on offsets: Su et al. 2021 eq. 16);
+- ``rope_base_error`` (rotary_frequencies): q and k turn by a base ``(1 + size)`` times the config's
+  ``rope_theta``;
+- ``llama3_skipped`` (rotary_frequencies): the config declares Llama 3.1's rope scaling (factor 8, low/high
+  frequency factors 1/4, an original context of a quarter of the model's) and the rotation is plain RoPE
+  (size 1); the control turns by the scaled frequencies transformers computes for that config;
+- ``attention_factor_twice`` (rotary_frequencies): the config declares YaRN (factor 4, an original context of a
+  quarter) and cos/sin carry its attention factor twice (size 1), once in the control.
+The three rotary families are planted on Hugging Face models only: the design they break is the config's.
 
 The bug is planted by swapping the class of the model (or of its attention modules) for a subclass
 that overrides one step and reads the size from an attribute, so a copy (the float64 golden twin of
@@ -33,6 +41,7 @@ from typing import Any, Optional, cast
 
 import torch
 from torch import Tensor, nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from harness.errors import AttnlabError
 from harness.model.layers import AttnContext
@@ -59,7 +68,11 @@ FAMILIES = {f.name: f for f in (
     Family("window_wider", "sliding_window", (1,), "keys wider than the declared window"),
     Family("batch_leak", "batch_independence", (1e-3, 1e-2, 1e-1), "share of the next row mixed in"),
     Family("absolute_leak", "relative_position", (1e-3, 1e-2, 1e-1), "absolute rotary table added, relative"),
+    Family("rope_base_error", "rotary_frequencies", (1e-3, 1e-2, 1e-1), "relative error of the rope base"),
+    Family("llama3_skipped", "rotary_frequencies", (1,), "Llama 3.1 scaling declared, plain RoPE applied"),
+    Family("attention_factor_twice", "rotary_frequencies", (1,), "YaRN's attention factor applied twice"),
 )}
+ROTARY_BUGS = ("rope_base_error", "llama3_skipped", "attention_factor_twice")  # planted on the rotary table
 INPUT_BUGS = ("batch_leak", "absolute_leak")  # planted on each attention layer's input
 
 
@@ -105,6 +118,9 @@ _CLASSES: dict[tuple[type, type], type] = {}
 
 def _plant_ours(model: Transformer, fam: Family, size: float) -> Transformer:
     cfg = model.cfg
+    if fam.name in ROTARY_BUGS:
+        raise AttnlabError(f"{fam.name} breaks a Hugging Face config's rotary design: attnlab's Transformer declares "
+                           "none for the design oracle")
     if fam.name == "window_wider":
         raise AttnlabError("window_wider needs a model that declares a sliding window: attnlab's Transformer has "
                            "no sliding_window field")
@@ -199,7 +215,39 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
+def _plant_rotary(model: nn.Module, fam: Family, size: float) -> nn.Module:
+    """The rotary table of a Llama-family model turned wrong against its config (the config is declared first)."""
+    rotary: Any = getattr(getattr(model, "model", None), "rotary_emb", None)
+    config: Any = model.config
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        raise AttnlabError(f"{fam.name} needs a model.rotary_emb with an inv_freq table: {type(model).__name__} "
+                           "has none")
+    base = float(config.rope_parameters["rope_theta"])
+    original = max(4, int(config.max_position_embeddings) // 4)
+    if fam.name == "rope_base_error":
+        d = 2 * rotary.inv_freq.numel()
+        inv = (base * (1.0 + size)) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        rotary.inv_freq.copy_(inv.to(rotary.inv_freq.dtype))
+        return model
+    if fam.name == "llama3_skipped":
+        config.rope_parameters = {"rope_type": "llama3", "rope_theta": base, "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": original}
+    else:
+        config.rope_parameters = {"rope_type": "yarn", "rope_theta": base, "factor": 4.0,
+                                  "original_max_position_embeddings": original}
+    # the implementation under test computes its table with transformers' own function for the declared type
+    inv, factor = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, rotary.inv_freq.device)
+    if fam.name == "attention_factor_twice":
+        rotary.attention_scaling = factor * factor if size else factor
+        rotary.inv_freq.copy_(inv.to(rotary.inv_freq.dtype))
+    elif not size:
+        rotary.inv_freq.copy_(inv.to(rotary.inv_freq.dtype))  # the control: the scaling applied
+    return model
+
+
 def _plant_hf(model: nn.Module, fam: Family, size: float) -> nn.Module:
+    if fam.name in ROTARY_BUGS:
+        return _plant_rotary(model, fam, size)
     layers = _layers(model)
     if fam.name == "decode_offset":
         decoder: Any = model.model
