@@ -1,4 +1,4 @@
-"""moshi (MoshiForCausalLM): sliding_window -- the census's finding, standalone.
+"""moshi (MoshiForCausalLM): sliding_window, window_layout -- the census's finding, standalone.
 
 MoshiConfig declares sliding_window (3000 by default, 'Sliding window attention window size'), but MoshiModel masks
 with create_causal_mask and MoshiAttention passes no sliding_window to its attention function: no window is applied,

@@ -137,6 +137,8 @@ _SOFTCAP_IGNORED = ("Gemma3TextConfig declares attn_logit_softcapping ('scaling 
                     "capped, whatever the value (float64 logits with a cap of 0.01 equal those without one).")
 # the types whose drawn configs failed rotary_precision at a low precision, each witnessed on its minimal config
 ROUNDED_INV_FREQ = ("granitemoe", "qwen3_moe")
+# the same rounding against every rotary layer's declared rotation (rotary_frequencies), in some drawn configs more
+ROUNDED_FREQUENCIES = ROUNDED_INV_FREQ + ("gemma", "stablelm")
 LONGROPE_CACHE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi", "gpt_neox", "falcon", "starcoder2",
                   "cohere", "cohere2", "olmo", "olmo2", "stablelm", "qwen2_moe", "deepseek_v3", "glm", "glm4",
                   "granite", "exaone", "exaone4", "qwen3_moe", "persimmon", "olmoe", "granitemoe", "smollm3", "jetmoe")
@@ -147,6 +149,9 @@ VARIANT_FINDINGS: tuple[Finding, ...] = (
     *(Finding(t, "rotary_precision", _INV_FREQ, "inv_freq_rounded_by_to",
               when=lambda config, dtype: dtype in ("float16", "bfloat16"), when_doc="checked at float16 or bfloat16")
       for t in ROUNDED_INV_FREQ),
+    *(Finding(t, "rotary_frequencies", _INV_FREQ, "inv_freq_rounded_by_to",
+              when=lambda config, dtype: dtype in ("float16", "bfloat16"), when_doc="checked at float16 or bfloat16")
+      for t in ROUNDED_FREQUENCIES),
     Finding("gemma3_text", "attention_scale", _SOFTCAP_IGNORED, "softcap_ignored",
             when=lambda config, dtype: getattr(config, "attn_logit_softcapping", None) is not None,
             when_doc="attn_logit_softcapping is set"),

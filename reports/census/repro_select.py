@@ -40,8 +40,8 @@ CLAIMS = {
                              "it is off; one token at a time is exact"),
     "longrope_cached_step_differs": ("cached decoding past original_max_position_embeddings equals the full "
                                      "forward", "it is off under longrope; exact under default rope"),
-    "inv_freq_rounded_by_to": ("the float16 rotation at position 127 is within a few u of a float64 rotation",
-                               "after .to(float16) it is tens of u off (inv_freq rounded to float16)"),
+    "inv_freq_rounded_by_to": ("the float16 and bfloat16 rotations at position 127 are within a few u of a float64 "
+                               "rotation", "after .to(dtype) one is 8 u and more off (inv_freq rounded to the dtype)"),
     "bridge_not_causal": ("the bridge, given attention_mask=[[1, 1]], is causal like the raw model",
                           "position 0's logits move when token 1 changes"),
     "bridge_attn_scores_is_pattern": ("hook_pattern = softmax(hook_attn_scores)",

@@ -101,7 +101,13 @@ def falcon_alibi_added_twice(model_type: str = "falcon") -> str:
 
 # the smallest drawn config of each type whose float16 rotary_precision row failed (docs/census_variants.json)
 ROUNDED_INV_FREQ = {"granitemoe": {"num_attention_heads": 2, "num_key_value_heads": 1},
-                    "qwen3_moe": {"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": 3}}
+                    "qwen3_moe": {"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": 3},
+                    # the configs rotary_frequencies failed at bfloat16 (every layer's rotation against the oracle's)
+                    "gemma": {"head_dim": 32, "num_attention_heads": 8, "num_key_value_heads": 1,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+                    "stablelm": {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
+                                 "rope_parameters": {"rope_type": "proportional", "rope_theta": 500000.0,
+                                                     "partial_rotary_factor": 1.0}}}
 
 
 def _rotation_error(model: Any, position: int = 127) -> float:
@@ -136,25 +142,31 @@ def _rotation_error(model: Any, position: int = 127) -> float:
 
 
 def inv_freq_rounded_by_to(model_type: str) -> str:
-    """``Module.to(torch.float16)``, as ``model.half()`` and attnlab's dtype copy do, rounds the rotary ``inv_freq``
-    buffer to float16 (transformers #25681), so at position 127 the model's rotation is off a float64 rotation of
-    its own float16 inputs by tens of u; the same model built at float16 (inv_freq stays float32, as
-    ``from_pretrained(dtype=...)`` keeps it) rotates to within 2 u."""
+    """``Module.to(torch.float16)`` (or bfloat16), as ``model.half()`` and attnlab's dtype copy do, rounds the rotary
+    ``inv_freq`` buffer to that dtype (transformers #25681), so at position 127 the model's rotation is off a float64
+    rotation of its own inputs by 8 u and more (tens of u for most) at one of the two dtypes at least; the same model
+    built at that dtype (inv_freq stays float32, as ``from_pretrained(dtype=...)`` keeps it) rotates to within 2 u
+    at both."""
     mt = by_name()[model_type]
     config = build_config(mt.name, mt.class_name, ROUNDED_INV_FREQ[model_type])
     cls = getattr(transformers, mt.class_name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        cast = cls._from_config(config, dtype=torch.float32).eval().to(torch.float16)
-        torch.manual_seed(0)
-        built = cls._from_config(config, dtype=torch.float16).eval()
-    u = torch.finfo(torch.float16).eps / 2
-    rounded, kept = _rotation_error(cast) / u, _rotation_error(built) / u
-    assert rounded > 16 and kept < 2, (rounded, kept)
-    return (f"{model_type}, float16 at position 127: rotation error {rounded:.1f} u after .to(float16) "
-            f"(inv_freq {cast.model.rotary_emb.inv_freq.dtype}), {kept:.1f} u built at float16 "
-            f"(inv_freq {built.model.rotary_emb.inv_freq.dtype})")
+    found = {}
+    for dtype in (torch.float16, torch.bfloat16):  # which of the two crosses an allowance depends on the head size
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            cast = cls._from_config(config, dtype=torch.float32).eval().to(dtype)
+            torch.manual_seed(0)
+            built = cls._from_config(config, dtype=dtype).eval()
+        u = torch.finfo(dtype).eps / 2
+        found[dtype] = (_rotation_error(cast) / u, _rotation_error(built) / u, cast.model.rotary_emb.inv_freq.dtype)
+    # the same code and inputs, only the buffer's dtype differs: the cast model's rotation is many times worse (the
+    # built one is within a couple of roundings of the float64 rotation)
+    assert all(kept < 2 for _, kept, _ in found.values()), found
+    assert any(rounded > 8 and rounded > 4 * kept for rounded, kept, _ in found.values()), found
+    return f"{model_type} at position 127: " + "; ".join(
+        f"{str(dtype).split('.')[-1]}: rotation error {rounded:.1f} u after .to() (inv_freq {inv}), {kept:.1f} u "
+        f"built at that dtype (inv_freq float32)" for dtype, (rounded, kept, inv) in found.items())
 
 
 def _capped_against_uncapped(model_type: str, cap: float) -> float:
