@@ -1,8 +1,8 @@
 """Census triage: Doge's dynamic mask attention adds a per-key bias b_h(j) = exp(A_h softplus(dt_proj(v_j))) to
 its scores (``DesignFacts.key_score_bias``, read from the module's ``prepare_dynamic_mask``). attention_scale
 compares modulo a bias per key: it passes on Doge, fails with the declaration removed (the bias is then a
-deviation), and still fails a wrong declared scale (a per-key constant cannot absorb s * q.k's variation over
-queries)."""
+deviation), and still fails a wrong scale (a per-key constant cannot absorb s * q.k's variation over queries): the
+model's attention scaling 1.5 times the config's, which the design oracle's expected scale comes from."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ def test_without_the_declaration_the_bias_fails(doge):
     assert row.status == "fail" and "modulo a bias per key" not in row.counterexample
 
 
-def test_a_wrong_scale_still_fails_modulo_the_per_key_bias(doge):
-    scale = doge.cfg.attn_scale
-    row = _scale_row(_declared(doge, attn_scale=scale * 1.5, attn_scales=(scale * 1.5,) * doge.cfg.n_layers))
+def test_a_wrong_scale_still_fails_modulo_the_per_key_bias():
+    hf = build("doge", "DogeForCausalLM").eval()
+    for layer in hf.model.layers:
+        layer.self_attn.scaling *= 1.5  # the kernel takes the module's scaling; the config still declares 1/sqrt(d)
+    row = _scale_row(adapt(hf))
     assert row.status == "fail" and "modulo a bias per key" in row.counterexample, row.counterexample

@@ -17,14 +17,16 @@ from harness.adapters import adapt
 from harness.errors import AttnlabError
 from properties.precision import golden_twin
 from reports.power.measure import Cell, check_args, measure, one, verdict_of
-from reports.power.plant import FAMILIES, plant
+from reports.power.plant import FAMILIES, ROTARY_BUGS, plant
 from reports.power.subjects import subjects
 from reports.power.write import BEGIN, END, cell_text, heatmap, markdown, replace_section, summary
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 OURS, LLAMA = subjects()[0], subjects()[1]
 # the largest size of each family: any row that exists for it must fail on it in float32
-FAMILY_CASES = [(s, f) for s in (OURS, LLAMA) for f in FAMILIES if not (s is OURS and f == "window_wider")]
+# (not on attnlab's Transformer: the window family needs a declared window, the rotary ones a Hugging Face config)
+FAMILY_CASES = [(s, f) for s in (OURS, LLAMA) for f in FAMILIES
+                if not (s is OURS and (f == "window_wider" or f in ROTARY_BUGS))]
 
 
 @pytest.mark.parametrize(("subject", "fam"), FAMILY_CASES, ids=lambda x: getattr(x, "name", x))

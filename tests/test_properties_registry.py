@@ -56,7 +56,7 @@ def test_suite_exports_docs_catalogue_and_kill_matrix_read_one_list():
     model_props = [p.name for p in registry.registered("model")]
     components = [p.name for p in registry.registered("component")]
     assert components == ["rotary_formula", "sinusoidal_formula"]
-    assert list(properties.PROPERTIES) == model_props and len(model_props) == 21  # 17 + 4 encoder-decoder
+    assert list(properties.PROPERTIES) == model_props and len(model_props) == 23  # 19 + 4 encoder-decoder
     assert registry.names() == model_props + components
     assert properties.__all__ == API + registry.names()
     assert properties.checks.__all__ == registry.names()
