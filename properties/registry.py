@@ -38,7 +38,7 @@ from harness.errors import AttnlabError
 from properties.budget import Budget, budgeted
 from properties.cost import counting
 from properties.design import model_dtype
-from properties.precision import HIDDEN, coarse, noise_for
+from properties.precision import HIDDEN, coarse, golden_twin, noise_for
 from properties.precision import RULE as MEASURED_RULE
 from properties.search import Measure, PropertyResult, check_search_args, search, tokens_text
 
@@ -241,7 +241,7 @@ def _resolve(case_model: Any, wanted: list[str], observed: Callable[[], set[str]
 
 def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, applies: Applies = Applies(),
                    needs: Needs = (), needs_doc: str = "", declares: tuple[str, ...] = (),
-                   calibrated: bool = False, local_floor: bool = False,
+                   calibrated: bool = False, local_floor: bool = False, twin_replay: bool = False,
                    judges_nonfinite: bool = False) -> Callable[..., Check]:
     """Register the decorated ``body(case: Case) -> Plan`` as the model property ``name``.
 
@@ -255,6 +255,9 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
     ``calibrated``: a numeric property whose allowance is measured per example from the model's
     rounding noise against a float64 twin (properties/precision.py); ``tolerance`` is then the
     fallback for a model no twin can be made of. Exact properties leave it False.
+    ``twin_replay``: a row whose allowance is its own, derived from the dtype (not measured), whose pass on a
+    bfloat16/float16 model is replayed on the golden twin as a calibrated row's is, so a bug under the rounding is
+    reported hidden rather than missed.
     ``local_floor``: the check compares tensors of one forward pass with each other (a row sum, a
     score against its q.k), so its floor is one layer's rounding: the twin starts every layer
     from the model's own layer input (properties/precision.py).
@@ -304,10 +307,12 @@ def model_property(*, name: str, order: int, tolerance: Tolerance, rule: str, ap
                 result = searching(max_examples=max_examples)
             else:
                 result = _budgeted(searching, model, budget)
-            if not shadow and watch is not None and watch.measured and watch.golden is not None \
-                    and result.status == "pass" and coarse(model) and drawn:
+            golden = watch.golden if watch is not None and watch.measured else None
+            if twin_replay and not shadow and result.status == "pass" and coarse(model):
+                golden = golden_twin(model)
+            if not shadow and golden is not None and result.status == "pass" and coarse(model) and drawn:
                 # the twin replays what this search drew, worst ratio first: no new search, no shrinking
-                twin = run(watch.golden, seed, max_examples, case.given_observed, shadow=True,
+                twin = run(golden, seed, max_examples, case.given_observed, shadow=True,
                            replay=_worst_first(drawn, plan.describe))
                 result = _shadowed(result, twin, model_dtype(model))
             if calibrated and not shadow and is_dispatched(model):

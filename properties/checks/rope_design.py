@@ -26,7 +26,8 @@ length seen, so each example is preceded by a one-token call that returns that c
 
 Allowance, relative to the expected |rot_q| per head and position: ``16 u_dtype + 32 (p + n) u_32`` (rotary_precision's:
 a phase computed in float32 is off by a few u_32 per radian, cos/sin and the cast to the dtype add a few
-u_dtype). Deviation: the error over the allowance (tolerance 1.0).
+u_dtype). Deviation: the error over the allowance (tolerance 1.0). A bfloat16/float16 model's pass is replayed on its
+float64 twin (the same code, rounding 2^-53): a bug under the low dtype's rounding is reported hidden, not missed.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def _where(top: float, b: int, p: int, h: int, *, layer: int, hook: str, offset:
             f"the declared rotation of {how} ({source}), allowed {fmt(allow)} in {dtype}")
 
 
-@model_property(name="rotary_frequencies", order=95, tolerance=TOLERANCE,
+@model_property(name="rotary_frequencies", order=95, tolerance=TOLERANCE, twin_replay=True,
                 rule="the error over its allowance 16 u_dtype + 32 (p + n) u_32 of the expected |rot_q| "
                      "(u: unit roundoff)",
                 applies=Applies(positional=("rotary",), min_ctx=2, when=_undetermined,
