@@ -111,7 +111,11 @@ def test_multi_head_latent_attention_takes_yarns_mscale_squared():
         mscale_all_dim=1.0))
     m = 0.1 * math.log(40.0) + 1.0
     assert oracle.scale(config, 0).value == pytest.approx(24 ** -0.5 * m * m)
-    assert not oracle.rotary(config, 0, 16).known  # MLA's rotary slice is its own layout
+    spec = oracle.rotary(config, 0, 16).value  # the decoupled RoPE part: the last 8 features, written half-paired
+    assert (spec.offset, spec.dim, spec.style) == (16, 8, "half")
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    torch.testing.assert_close(torch.tensor(spec.inv_freq, dtype=torch.float64), inv.double(), rtol=1e-6, atol=0)
+    assert spec.attention_factor == pytest.approx(factor)
 
 
 def test_an_unknown_scale_field_leaves_the_scale_undetermined():

@@ -75,6 +75,7 @@ class RopeSpec:
     rope_type: str
     # not None: each head's turned q/k is then divided by sqrt(mean(x^2) + eps) (NORMED_AFTER)
     normed_after: Optional[float] = None
+    offset: int = 0  # the first rotated feature of a head (Multi-head Latent Attention: after the nope features)
     direction: int = 1  # +1: position m turns by +m theta_i (Su et al. eq. 34); -1: by -m (CLOCKWISE)
     # the longest sequence the rotation is declared for past the usable context: dynamic NTK scales to factor times the
     # original context (its purpose, bloc97 2023); None where the rotation declares nothing past it
@@ -87,27 +88,31 @@ def rotary(config: Any, layer: int, seq_len: int) -> Fact:
     oracle does not know)."""
     c = layer_config(config, layer)
     kind = model_type(c)
-    if integer(c, "qk_rope_head_dim") is not None and integer(c, "qk_nope_head_dim") is not None:
-        return unknown("Multi-head Latent Attention rotates a separate qk_rope_head_dim slice of each head")
+    # Multi-head Latent Attention (DeepSeek-V2, Liu et al. 2024 §2.1.3): each head is [q^C; q^R], the decoupled
+    # qk_rope_head_dim features last; they turn over their own width (the config's head_dim is set to it), and with
+    # rope_interleave they are read as pairs (2i, 2i + 1) and written as (i, i + r/2): the turned output pairs "half"
+    mla = integer(c, "qk_rope_head_dim"), integer(c, "qk_nope_head_dim")
+    offset = mla[1][1] if mla[0] is not None and mla[1] is not None else 0
     no_rope = _no_rope(config, c, kind, layer)
     if no_rope:
         return unknown(no_rope)
     params, where = rope_parameters(c, layer)
     if params is None:
-        if kind in ("gptj", "codegen"):  # GPT-J's config has rotary_dim and no base: its code fixes 10000
+        if kind in ("gptj", "codegen", "roformer"):  # no base in the config: GPT-J's code and RoFormer (Su et al.
+            # 2021 §3.4, the sinusoids of Vaswani et al.) fix 10000
             params, where = {"rope_type": "default", "rope_theta": 10000.0}, f"model_type={kind!r} (base 10000)"
         else:
             return unknown(where)
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     if rope_type not in SCALED_TYPES:
         return unknown(f"{where}: rope_type {rope_type!r} is not one the oracle knows ({', '.join(SCALED_TYPES)})")
-    d_head, d_source = head_dim(c)
+    d_head, d_source = (mla[0][1], f"qk_rope_head_dim={mla[0][1]}") if offset else head_dim(c)
     dim, dim_source = _rotated(c, params, d_head)
     base = params.get("rope_theta", read(c, "rope_theta", None))
     if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1:
         return unknown(f"{where} names no rope_theta > 1 (got {base!r})")
     base = float(base)
-    style = "interleaved" if kind in INTERLEAVED else "half"
+    style = "interleaved" if kind in INTERLEAVED and not offset else "half"
     source = f"{where}: rope_type={rope_type}, rope_theta={base:g}, {dim_source} of {d_source}"
     try:
         inv, factor, extra = _frequencies(rope_type, params, c, base, dim, d_head, seq_len)
@@ -119,8 +124,9 @@ def rotary(config: Any, layer: int, seq_len: int) -> Fact:
     reach = int(float(params["factor"]) * max_pos[1]) if rope_type == "dynamic" and max_pos else None
     direction = -1 if kind in CLOCKWISE else 1
     eps = float(read(c, "rms_norm_eps", 1e-6)) if kind in NORMED_AFTER else None
-    return Fact(RopeSpec(tuple(inv), factor, dim, style, rope_type, eps, direction, reach),
+    return Fact(RopeSpec(tuple(inv), factor, dim, style, rope_type, eps, offset, direction, reach),
                 source + extra + (", turned by -m" if direction < 0 else "")
+                + (f", features {offset}.. of each head (MLA's decoupled RoPE part)" if offset else "")
                 + (f", then RMS-normalised (eps {eps:g})" if eps is not None else ""))
 
 

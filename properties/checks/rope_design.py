@@ -81,14 +81,15 @@ def turn(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec, factor: Optio
     scale = spec.attention_factor if factor is None else factor
     ang = spec.direction * positions.double()[:, None] * inv[None, :]  # [pos, pairs]
     cos, sin = (ang.cos() * scale)[None, :, None], (ang.sin() * scale)[None, :, None]
-    rot, rest = x[..., :width], x[..., width:]
+    start = spec.offset
+    head, rot, rest = x[..., :start], x[..., start:start + width], x[..., start + width:]
     if spec.style == "half":
         a, b = rot[..., : width // 2], rot[..., width // 2:]
         turned = torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
     else:
         a, b = rot[..., 0::2], rot[..., 1::2]
         turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-    out = torch.cat((turned, rest), -1)
+    out = torch.cat((head, turned, rest), -1)
     if spec.normed_after is not None and normalise:
         out = out * torch.rsqrt(out.square().mean(-1, keepdim=True) + spec.normed_after)
     return out
