@@ -91,8 +91,9 @@ def rotary(config: Any, layer: int, seq_len: int) -> Fact:
     # Multi-head Latent Attention (DeepSeek-V2, Liu et al. 2024 §2.1.3): each head is [q^C; q^R], the decoupled
     # qk_rope_head_dim features last; they turn over their own width (the config's head_dim is set to it), and with
     # rope_interleave they are read as pairs (2i, 2i + 1) and written as (i, i + r/2): the turned output pairs "half"
-    mla = integer(c, "qk_rope_head_dim"), integer(c, "qk_nope_head_dim")
-    offset = mla[1][1] if mla[0] is not None and mla[1] is not None else 0
+    rope_part, nope_part = integer(c, "qk_rope_head_dim"), integer(c, "qk_nope_head_dim")
+    mla = (rope_part[1], nope_part[1]) if rope_part is not None and nope_part is not None else None
+    offset = mla[1] if mla else 0
     no_rope = _no_rope(config, c, kind, layer)
     if no_rope:
         return unknown(no_rope)
@@ -106,13 +107,13 @@ def rotary(config: Any, layer: int, seq_len: int) -> Fact:
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     if rope_type not in SCALED_TYPES:
         return unknown(f"{where}: rope_type {rope_type!r} is not one the oracle knows ({', '.join(SCALED_TYPES)})")
-    d_head, d_source = (mla[0][1], f"qk_rope_head_dim={mla[0][1]}") if offset else head_dim(c)
+    d_head, d_source = (mla[0], f"qk_rope_head_dim={mla[0]}") if mla else head_dim(c)
     dim, dim_source = _rotated(c, params, d_head)
     base = params.get("rope_theta", read(c, "rope_theta", None))
     if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1:
         return unknown(f"{where} names no rope_theta > 1 (got {base!r})")
     base = float(base)
-    style = "interleaved" if kind in INTERLEAVED and not offset else "half"
+    style = "interleaved" if kind in INTERLEAVED and not mla else "half"
     source = f"{where}: rope_type={rope_type}, rope_theta={base:g}, {dim_source} of {d_source}"
     try:
         inv, factor, extra = _frequencies(rope_type, params, c, base, dim, d_head, seq_len)
