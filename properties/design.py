@@ -26,8 +26,8 @@ INTERLEAVED_STYLES = ("interleaved", "gptj", "pairs")  # pairs (2i, 2i + 1), the
 ALIBI_STYLES = ("relative", "absolute_key")
 
 __all__ = ["windows", "window", "attn_scale", "softcap", "allowed_keys", "rotary_design", "rotary_layout",
-           "pair_norms", "alibi_design", "attention_sinks", "rotary_span", "rotary_split", "design_summary",
-           "is_transformer_lens_cfg", "unit_roundoff", "model_dtype"]
+           "pairs", "pair_norms", "turn_pairs", "alibi_design", "attention_sinks", "rotary_span", "rotary_split",
+           "design_summary", "is_transformer_lens_cfg", "unit_roundoff", "model_dtype"]
 
 
 def windows(cfg: Any) -> tuple[Optional[int], ...]:
@@ -180,14 +180,29 @@ def rotary_layout(cfg: Any) -> tuple[int, Optional[str]]:
     return dim, (style if getattr(cfg, "rotary_style", None) else None)
 
 
-def pair_norms(x: Tensor, dim: int, style: str, offset: int = 0) -> Tensor:
-    """Norms of the rotated pairs of ``x [..., d_head]`` (features offset .. offset + dim) -> ``[..., dim // 2]``."""
+def pairs(x: Tensor, dim: int, style: str, offset: int = 0) -> tuple[Tensor, Tensor]:
+    """The two halves ``(a, b)`` of the rotated pairs of ``x [..., d_head]`` (features offset .. offset + dim):
+    "half" pairs (i, i + dim/2), "interleaved" pairs (2i, 2i + 1), each ``[..., dim // 2]``."""
     r = x[..., offset:offset + dim]
     if style == "half":
-        a, b = r[..., : dim // 2], r[..., dim // 2:]
-    else:
-        a, b = r[..., 0::2], r[..., 1::2]
+        return r[..., : dim // 2], r[..., dim // 2:]
+    return r[..., 0::2], r[..., 1::2]
+
+
+def pair_norms(x: Tensor, dim: int, style: str, offset: int = 0) -> Tensor:
+    """Norms of the rotated pairs of ``x [..., d_head]`` (features offset .. offset + dim) -> ``[..., dim // 2]``."""
+    a, b = pairs(x, dim, style, offset)
     return (a.square() + b.square()).sqrt()
+
+
+def turn_pairs(x: Tensor, cos: Tensor, sin: Tensor, dim: int, style: str, offset: int = 0) -> Tensor:
+    """``x [..., d_head]`` with each rotated pair (a, b) turned to (a cos - b sin, a sin + b cos) (Su et al. 2021
+    eq. 34), ``cos``/``sin`` broadcasting over ``[..., dim // 2]``; the features outside offset .. offset + dim pass
+    through, and the turned ones keep their layout."""
+    a, b = pairs(x, dim, style, offset)
+    first, second = a * cos - b * sin, a * sin + b * cos
+    turned = torch.cat((first, second), -1) if style == "half" else torch.stack((first, second), -1).flatten(-2)
+    return torch.cat((x[..., :offset], turned, x[..., offset + dim:]), -1)
 
 
 def alibi_design(cfg: Any) -> tuple[Tensor, str]:

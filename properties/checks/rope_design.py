@@ -41,7 +41,7 @@ from harness.oracle import RopeSpec
 from properties import declared
 from properties.checks._common import fmt, max_len, worse
 from properties.checks.rotary_phase import _far_offsets
-from properties.design import unit_roundoff
+from properties.design import turn_pairs, unit_roundoff
 from properties.precision import capture_activations
 from properties.registry import Applies, Case, Plan, model_property
 from properties.search import offset_text
@@ -81,15 +81,7 @@ def turn(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec, factor: Optio
     scale = spec.attention_factor if factor is None else factor
     ang = spec.direction * positions.double()[:, None] * inv[None, :]  # [pos, pairs]
     cos, sin = (ang.cos() * scale)[None, :, None], (ang.sin() * scale)[None, :, None]
-    start = spec.offset
-    head, rot, rest = x[..., :start], x[..., start:start + width], x[..., start + width:]
-    if spec.style == "half":
-        a, b = rot[..., : width // 2], rot[..., width // 2:]
-        turned = torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
-    else:
-        a, b = rot[..., 0::2], rot[..., 1::2]
-        turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-    out = torch.cat((head, turned, rest), -1)
+    out = turn_pairs(x, cos, sin, width, spec.style, spec.offset)
     if spec.normed_after is not None and normalise:
         out = out * torch.rsqrt(out.square().mean(-1, keepdim=True) + spec.normed_after)
     return out
@@ -151,10 +143,10 @@ def rotary_frequencies(case: Case) -> Plan:
             rot_q, rot_k, raw_q, raw_k = hooks[layer]
             fact = declared.rotation(cfg, layer, offset + n)
             spec = fact.value
+            spec0 = declared.rotation(cfg, layer, n).value if layer in relative else spec  # the offset-0 pass's
             for key, (rot, raw) in enumerate(((rot_q, raw_q), (rot_k, raw_k))):
                 after = acts[rot].double()
                 if layer in relative:
-                    spec0 = declared.rotation(cfg, layer, n).value
                     back = turn(base[rot].double(), -torch.arange(n), spec0, 1.0 / spec0.attention_factor,
                                 normalise=False)
                     expected = turn(back, positions, spec, normalise=False)

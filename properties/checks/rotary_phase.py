@@ -28,7 +28,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.checks._common import fmt, max_len, worse
-from properties.design import first_rotary_layer, rotary_design, rotary_hooks, rotary_span, unit_roundoff
+from properties.design import first_rotary_layer, rotary_design, rotary_hooks, rotary_span, turn_pairs, unit_roundoff
 from properties.precision import forward_capture
 from properties.registry import Applies, Case, Plan, hook_gap, model_property
 from properties.search import offset_text
@@ -44,15 +44,7 @@ def rotate(x: torch.Tensor, p: int, dim: int, style: str, base: float, offset: i
     Su et al. eq. 34; the others pass through."""
     theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     ang = direction * p * theta
-    cos, sin = ang.cos(), ang.sin()
-    rot, rest = x[..., offset:offset + dim], x[..., offset + dim:]
-    if style == "half":
-        a, b = rot[..., : dim // 2], rot[..., dim // 2:]
-        turned = torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
-    else:
-        a, b = rot[..., 0::2], rot[..., 1::2]
-        turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-    return torch.cat((x[..., :offset], turned, rest), -1)
+    return turn_pairs(x, ang.cos(), ang.sin(), dim, style, offset)
 
 
 def _default_rope(model: Any) -> Optional[str]:

@@ -21,12 +21,11 @@ from typing import Any, Optional
 import torch
 
 from properties import declared
+from properties.checks.scale import MASK_CEILING
 from properties.checks.window import admitted, past_the_edge
 from properties.design import windows
 from properties.precision import capture_activations
 from properties.registry import Applies, Case, Plan, model_property
-
-MASK_CEILING = -1e4
 
 
 def _placed(cfg: Any) -> list[tuple[int, Optional[int]]]:
